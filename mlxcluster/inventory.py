@@ -1,0 +1,138 @@
+"""Checks on a cluster inventory, run on the controller before anything changes.
+
+The playbook ``playbooks/validate.yml`` calls :func:`inventory_errors` through the
+``cluster_inventory_errors`` filter; ``invoke`` tasks call it directly. Every
+message names the host and says what to change in the inventory.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+PLATFORM_GROUPS = ("macs", "linux")
+
+
+def _as_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return None
+
+
+def slots_of(host_vars: Mapping[str, Any]) -> int:
+    """MPI slots of a host (1 when the inventory does not say); raises on a bad value."""
+    value = host_vars.get("mpi_slots", 1)
+    slots = _as_int(value)
+    if slots is None or slots < 0:
+        raise ValueError(f"mpi_slots must be a whole number >= 0, got {value!r}")
+    return slots
+
+
+def inventory_errors(groups: Mapping[str, Sequence[str]],
+                     hostvars: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Return what is wrong with the inventory, one message per problem (empty when fine)."""
+    errors: list[str] = []
+    cluster = list(groups.get("cluster") or [])
+    if not cluster:
+        return ["the inventory has no hosts in group `cluster`: list every node under "
+                "cluster: children: macs: (Apple Silicon) or linux: (Debian/Ubuntu)"]
+
+    platforms = {name: set(groups.get(name) or []) for name in PLATFORM_GROUPS}
+    networks: dict[str, ipaddress.IPv4Network] = {}
+    owner_of_ip: dict[ipaddress.IPv4Address, str] = {}
+    total_slots = 0
+    bad_slots = False
+    for host in cluster:
+        hv = hostvars.get(host, {})
+        in_groups = [g for g in PLATFORM_GROUPS if host in platforms[g]]
+        if not in_groups:
+            errors.append(f"{host}: unknown OS family: it is in neither `macs` nor `linux`; "
+                          "put it under macs: (macOS with Homebrew) or linux: (Debian/Ubuntu)")
+        elif len(in_groups) > 1:
+            errors.append(f"{host}: it is in both `macs` and `linux`; keep it in the one "
+                          "that matches its OS")
+
+        try:
+            total_slots += slots_of(hv)
+        except ValueError as exc:
+            bad_slots = True
+            errors.append(f"{host}: {exc}; set mpi_slots: <ranks on this machine> (0 keeps it "
+                          "out of training)")
+
+        iface = hv.get("thunderbolt_interface")
+        if not iface or not isinstance(iface, str):
+            errors.append(f"{host}: no thunderbolt_interface: set the name of its Thunderbolt "
+                          "bridge interface (bridge0 on macOS)")
+
+        raw_ip = hv.get("thunderbolt_ip")
+        if raw_ip in (None, ""):
+            errors.append(f"{host}: no thunderbolt_ip: set thunderbolt_ip: <its address on the "
+                          f"Thunderbolt bridge> under {host} in the inventory")
+            continue
+        prefix = _as_int(hv.get("thunderbolt_prefix", 24))
+        if prefix is None or not 8 <= prefix <= 32:
+            errors.append(f"{host}: thunderbolt_prefix {hv.get('thunderbolt_prefix')!r} is not a "
+                          "prefix length between 8 and 32")
+            continue
+        try:
+            ip = ipaddress.IPv4Address(str(raw_ip).strip())
+        except ipaddress.AddressValueError:
+            errors.append(f"{host}: thunderbolt_ip {raw_ip!r} is not an IPv4 address "
+                          "(write it like 192.168.200.1)")
+            continue
+        network = ipaddress.IPv4Network(f"{ip}/{prefix}", strict=False)
+        if prefix < 31 and ip in (network.network_address, network.broadcast_address):
+            errors.append(f"{host}: thunderbolt_ip {ip} is the network or broadcast address of "
+                          f"{network}; pick a host address inside it")
+        if ip in owner_of_ip:
+            errors.append(f"thunderbolt_ip {ip} is used by both {owner_of_ip[ip]} and {host}: "
+                          "give each host its own address")
+        else:
+            owner_of_ip[ip] = host
+        networks[host] = network
+
+    by_network: dict[str, list[str]] = {}
+    for host, network in networks.items():
+        by_network.setdefault(str(network), []).append(host)
+    if len(by_network) > 1:
+        detail = "; ".join(f"{net}: {', '.join(hosts)}" for net, hosts in by_network.items())
+        errors.append(f"the thunderbolt IPs are not in one subnet ({detail}): put every node "
+                      "in one subnet (or fix thunderbolt_prefix)")
+
+    launchers = list(groups.get("launcher") or [])
+    if not launchers:
+        errors.append("no host in group `launcher`: add exactly one node there (rank 0, where "
+                      "mpirun starts)")
+    elif len(launchers) > 1:
+        errors.append(f"group `launcher` has {len(launchers)} hosts ({', '.join(launchers)}): "
+                      "keep exactly one")
+    else:
+        launcher = launchers[0]
+        if launcher not in cluster:
+            errors.append(f"launcher {launcher} is not in group `cluster`: add it under "
+                          "macs: or linux:")
+        else:
+            try:
+                if slots_of(hostvars.get(launcher, {})) == 0:
+                    errors.append(f"launcher {launcher} has mpi_slots: 0, but rank 0 runs there: "
+                                  "give it at least 1 slot or make another node the launcher")
+            except ValueError:
+                pass  # already reported above
+    if total_slots == 0 and not bad_slots:
+        errors.append("the cluster has 0 MPI slots in total: give at least one host "
+                      "mpi_slots: 1 or more")
+    return errors
+
+
+def training_hosts(groups: Mapping[str, Sequence[str]],
+                   hostvars: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str, int]]:
+    """(host, thunderbolt_ip, slots) in rank order: the launcher first, 0-slot hosts left out."""
+    launcher = list(groups.get("launcher") or [])
+    ordered = launcher + [h for h in groups.get("cluster") or [] if h not in launcher]
+    return [(h, str(hostvars[h]["thunderbolt_ip"]), slots_of(hostvars[h]))
+            for h in ordered if slots_of(hostvars[h]) > 0]

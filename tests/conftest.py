@@ -1,0 +1,16 @@
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+
+
+@pytest.fixture
+def tool_env() -> dict[str, str]:
+    """Environment in which the venv's ansible-playbook & co. come first on PATH."""
+    return {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}"}
