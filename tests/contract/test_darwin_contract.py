@@ -1,0 +1,381 @@
+"""Darwin CONTRACT test: what the roles' macOS branches ask macOS to do.
+
+There is no Mac here. Two lab nodes (Debian network namespaces) are made to look like
+Apple Silicon Macs to Ansible (facts: Darwin, MacOSX, arm64) and get recording
+stand-ins for the macOS tools the roles call (``brew``, ``networksetup``, ``pmset``,
+``sysctl`` for ``iogpu.*``, ``plutil``, ``dscl``, ``ifconfig``: tests/contract/standins/). The
+stand-ins answer from a small state file, refuse what the real tools refuse (brew as
+root, settings changes without root) and log every call.
+
+Two, because ssh_mesh only acts among several nodes and thunderbolt checks the link by
+pinging the other node. The contract play (tests/contract/darwin.yml) then runs three
+times: ``--check`` on the fresh "Macs", a first run, and a second run. The asserts are
+on the call logs: the right commands, as the right user, probe before change, each
+change issued once across both runs, and nothing changed by ``--check`` or by the
+second run. This proves the roles' Darwin task files are right and idempotent against
+the tools' documented behaviour; it does not prove that macOS behaves like the stand-ins.
+
+Roles whose Darwin branch does not exist yet are left out of the play, and their tests
+are skipped with a reason saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import plistlib
+import re
+import secrets
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mlxcluster.lab import Lab, down, up
+
+pytestmark = pytest.mark.cluster
+
+LAB_ID = 3
+NODES = (1, 2)
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
+# In site.yml's order. A role takes part once it has a Darwin branch.
+ROLES = ("macos", "thunderbolt", "ssh_mesh", "openmpi", "python_env")
+CONTRACT_ROOT = "/opt/mlx-contract"
+# The Mac's admin account, as in inventory/hosts.yml: not root, reaches root with become.
+ADMIN = "mlx"
+GPU_WIRED_LIMIT_MB = 8192
+RUNS = ("check", "first", "second")
+PLAYBOOK_TIMEOUT = 1800
+
+
+def has_darwin_branch(role: str) -> bool:
+    tasks = REPO / "roles" / role / "tasks"
+    if role == "macos":
+        return (tasks / "main.yml").exists()
+    return any(tasks.glob("*Darwin*.yml"))
+
+
+COVERED = tuple(role for role in ROLES if has_darwin_branch(role))
+
+
+def needs_role(role: str) -> pytest.MarkDecorator:
+    return pytest.mark.skipif(
+        role not in COVERED,
+        reason=f"roles/{role} has no Darwin branch yet (no tasks/*Darwin*.yml): not in the play",
+    )
+
+
+@dataclass(frozen=True)
+class Call:
+    """One logged stand-in invocation."""
+
+    host: str
+    tool: str
+    argv: tuple[str, ...]
+    user: str
+    uid: int
+    run: str
+    rc: int
+
+    @property
+    def command(self) -> str:
+        return shlex.join([self.tool, *self.argv])
+
+    @property
+    def changes_something(self) -> bool:
+        """Whether the real tool would change the Mac (queries do not)."""
+        first = self.argv[0] if self.argv else ""
+        if self.tool == "brew":
+            return first in {"install", "upgrade", "reinstall", "uninstall", "remove", "rm",
+                             "link", "unlink", "update"}
+        if self.tool == "networksetup":
+            return first.startswith("-set") or first in {"-createnetworkservice",
+                                                         "-removenetworkservice"}
+        if self.tool == "pmset":
+            return first != "-g"
+        if self.tool == "sysctl":
+            return any("=" in arg for arg in self.argv)
+        if self.tool == "ifconfig":
+            return len(self.argv) > 1
+        return False
+
+
+@dataclass(frozen=True)
+class Contract:
+    """What the three runs left behind."""
+
+    recaps: dict[str, dict[str, dict[str, int]]]
+    calls: list[Call]
+    lab: Lab
+
+    def in_run(self, run: str) -> list[Call]:
+        return [call for call in self.calls if call.run == run]
+
+    def issued(self, command: str, host: str) -> list[Call]:
+        return [c for c in self.calls if c.command == command and c.host == host]
+
+    def commands(self, run: str, tool: str, host: str) -> list[str]:
+        return [c.command for c in self.in_run(run) if c.tool == tool and c.host == host]
+
+    def ssh(self, node: int, command: str) -> str:
+        return node_shell(self.lab, node, command)
+
+
+def node_shell(lab: Lab, node: int, command: str) -> str:
+    """Run a shell command as root on a lab node, over its own ssh."""
+    result = subprocess.run(
+        ["ssh", "-i", str(lab.key), "-o", f"UserKnownHostsFile={lab.known_hosts}",
+         "-o", "BatchMode=yes", f"root@{lab.mgmt_ip(node)}", command],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert result.returncode == 0, f"{command!r} failed on the node: {result.stderr}"
+    return result.stdout
+
+
+RECAP = re.compile(
+    r"^(?P<host>\S+)\s*:\s*ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+"
+    r"unreachable=(?P<unreachable>\d+)\s+failed=(?P<failed>\d+)\s+skipped=(?P<skipped>\d+)",
+    re.MULTILINE,
+)
+
+
+def ansible_playbook(inventory: Path, playbook: Path, *args: str, facts_dir: Path) -> str:
+    env = {**os.environ, "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(facts_dir),
+           "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"}
+    result = subprocess.run(
+        [str(ANSIBLE_PLAYBOOK), "-i", str(inventory), str(playbook), *args],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=PLAYBOOK_TIMEOUT,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, f"{playbook.name} {' '.join(args)} failed:\n{output[-6000:]}"
+    return output
+
+
+def recap(output: str) -> dict[str, dict[str, int]]:
+    """PLAY RECAP counts by host."""
+    counts = {m["host"]: {key: int(value) for key, value in m.groupdict().items() if key != "host"}
+              for m in RECAP.finditer(output)}
+    assert sorted(counts) == [f"node{i}" for i in NODES], f"PLAY RECAP:\n{output[-3000:]}"
+    return counts
+
+
+def write_contract_inventory(lab: Lab, directory: Path, root_password: str) -> Path:
+    """The lab nodes as the Macs of the cluster, reached as the admin account."""
+    (directory / "group_vars").mkdir(parents=True)
+    (directory / "group_vars" / "all").symlink_to(REPO / "inventory" / "group_vars" / "all")
+    macs = {f"node{i}": {"ansible_host": lab.mgmt_ip(i), "thunderbolt_ip": lab.tb_ip(i),
+                         "mpi_slots": 1} for i in NODES}
+    hosts = {
+        "cluster": {"children": {"macs": {"hosts": macs}, "linux": {"hosts": {}}}},
+        "launcher": {"hosts": {"node1": None}},
+    }
+    cluster_vars = {
+        "ansible_user": ADMIN,
+        "ansible_ssh_private_key_file": str(lab.key),
+        "ansible_ssh_common_args": f"-o UserKnownHostsFile={lab.known_hosts}",
+        "ansible_python_interpreter": "/usr/bin/python3",
+        # A Mac's admin reaches root with sudo; lab nodes have no sudo, su does the same job.
+        "ansible_become_method": "su",
+        "ansible_become_password": root_password,
+        # The lab node has no registry access: pip installs from the host's wheelhouse.
+        "python_env_pip_extra_args": "--no-index --find-links=/var/cache/mlx-lab/wheels",
+        # On a Mac the mlx wheel brings Metal; on this Linux node it needs a CPU backend.
+        "python_env_extra_packages": ["mlx-cpu=={{ python_env_mlx_version }}"],
+        "macos_keep_awake": True,
+        "macos_gpu_wired_limit_mb": GPU_WIRED_LIMIT_MB,
+    }
+    (directory / "group_vars" / "cluster.yml").write_text(yaml.safe_dump(cluster_vars))
+    inventory = directory / "hosts.yml"
+    inventory.write_text(yaml.safe_dump(hosts, sort_keys=False))
+    return inventory
+
+
+@pytest.fixture(scope="module")
+def contract(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Contract]:
+    if os.geteuid() != 0:
+        pytest.skip("the Darwin contract brings up lab nodes (network namespaces, overlay "
+                    "mounts): it needs root")
+    if not COVERED:
+        pytest.skip("no role has a Darwin branch yet")
+    lab = Lab(LAB_ID)
+    work = tmp_path_factory.mktemp("darwin-contract")
+    facts_dir = work / "facts"
+    # Lab 3 belongs to this test: start from a fresh node whatever an aborted run left.
+    down(LAB_ID)
+    try:
+        lab_inventory = up(len(NODES), LAB_ID)
+        root_password = secrets.token_urlsafe(18)
+        ansible_playbook(
+            lab_inventory, HERE / "prepare.yml",
+            "-e", json.dumps({"contract_public_key": Path(f"{lab.key}.pub").read_text().strip(),
+                              "contract_root_password": root_password}),
+            facts_dir=facts_dir,
+        )
+        inventory = write_contract_inventory(lab, work / "inventory", root_password)
+        recaps: dict[str, dict[str, dict[str, int]]] = {}
+        for run in RUNS:
+            extra = {"contract_run": run, "contract_roles": list(COVERED)}
+            check = ["--check"] if run == "check" else []
+            output = ansible_playbook(inventory, HERE / "darwin.yml", *check,
+                                      "-e", json.dumps(extra), facts_dir=facts_dir)
+            recaps[run] = recap(output)
+        calls = [Call(host=f"node{i}", tool=e["tool"], argv=tuple(e["argv"]), user=e["user"],
+                      uid=e["uid"], run=e["run"], rc=e["rc"])
+                 for i in NODES
+                 for e in map(json.loads,
+                              node_shell(lab, i, f"cat {CONTRACT_ROOT}/calls.jsonl").splitlines())]
+        yield Contract(recaps=recaps, calls=calls, lab=lab)
+    finally:
+        down(LAB_ID)
+
+
+# --- every role -------------------------------------------------------------------------
+
+def test_every_run_succeeds_on_every_node(contract: Contract) -> None:
+    for run in RUNS:
+        for host, counts in contract.recaps[run].items():
+            assert (counts["failed"], counts["unreachable"]) == (0, 0), (run, host)
+
+
+def test_second_run_changes_nothing(contract: Contract) -> None:
+    assert {host: c["changed"] for host, c in contract.recaps["second"].items()} == {
+        f"node{i}": 0 for i in NODES}
+    assert [(c.host, c.command) for c in contract.in_run("second") if c.changes_something] == []
+
+
+def test_check_mode_on_fresh_macs_changes_nothing(contract: Contract) -> None:
+    assert contract.in_run("check"), "the check run issued no probe at all"
+    assert [(c.host, c.command) for c in contract.in_run("check") if c.changes_something] == []
+
+
+def test_every_stand_in_call_succeeds(contract: Contract) -> None:
+    # A failing call is a command the real tool would refuse too (e.g. a change without
+    # root) or one the stand-in does not know: either way the role needs a look.
+    assert [(c.host, c.command, c.user, c.rc) for c in contract.calls if c.rc != 0] == []
+
+
+def test_changes_run_as_root_and_brew_never_does(contract: Contract) -> None:
+    for call in contract.calls:
+        if call.tool == "brew":
+            assert call.uid != 0, f"{call.host}: {call.command} ran as root"
+        elif call.changes_something:
+            assert call.uid == 0, f"{call.host}: {call.command} ran as {call.user}, not root"
+
+
+def test_every_change_is_issued_once_across_both_runs(contract: Contract) -> None:
+    changes = [(c.host, c.command) for c in contract.calls if c.changes_something]
+    assert sorted(changes) == sorted(set(changes))
+
+
+# --- macos ------------------------------------------------------------------------------
+
+@needs_role("macos")
+@pytest.mark.parametrize("node", NODES)
+def test_macos_keeps_the_mac_awake_after_reading_its_settings(contract: Contract,
+                                                              node: int) -> None:
+    host = f"node{node}"
+    assert contract.commands("first", "pmset", host) == [
+        "pmset -g custom", "pmset -g", "pmset -a sleep 0", "pmset -a disablesleep 1"]
+    assert contract.commands("second", "pmset", host) == ["pmset -g custom", "pmset -g"]
+    # Display sleep is left as it was.
+    assert not [c for c in contract.calls if c.tool == "pmset" and "displaysleep" in c.argv]
+
+
+@needs_role("macos")
+@pytest.mark.parametrize("node", NODES)
+def test_macos_raises_the_gpu_wired_limit_once(contract: Contract, node: int) -> None:
+    host = f"node{node}"
+    probe = "sysctl -n iogpu.wired_limit_mb"
+    change = f"sysctl iogpu.wired_limit_mb={GPU_WIRED_LIMIT_MB}"
+    assert contract.commands("first", "sysctl", host) == [probe, change]
+    assert contract.commands("second", "sysctl", host) == [probe]
+    assert [c.user for c in contract.issued(change, host)] == ["root"]
+
+
+@needs_role("macos")
+@pytest.mark.parametrize("node", NODES)
+def test_macos_persists_the_limit_with_a_valid_launchdaemon(contract: Contract,
+                                                            node: int) -> None:
+    plist_path = f"{CONTRACT_ROOT}/Library/LaunchDaemons/org.mlx-cluster.iogpu-wired-limit.plist"
+    plist = plistlib.loads(contract.ssh(node, f"cat {plist_path}").encode())
+    assert plist == {
+        "Label": "org.mlx-cluster.iogpu-wired-limit",
+        "ProgramArguments": ["/usr/sbin/sysctl", f"iogpu.wired_limit_mb={GPU_WIRED_LIMIT_MB}"],
+        "RunAtLoad": True,
+    }
+    assert contract.ssh(node, f"stat -c '%U:%G %a' {plist_path}").strip() == "root:wheel 644"
+    # Written once, after `plutil -lint` accepted it.
+    lints = [c for c in contract.calls if c.tool == "plutil" and c.host == f"node{node}"]
+    assert [(c.run, c.argv[0], c.user) for c in lints] == [("first", "-lint", "root")]
+
+
+# --- thunderbolt ------------------------------------------------------------------------
+
+@needs_role("thunderbolt")
+@pytest.mark.parametrize("node", NODES)
+def test_thunderbolt_sets_the_bridge_address_once(contract: Contract, node: int) -> None:
+    host = f"node{node}"
+    setmanual = shlex.join(["networksetup", "-setmanual", "Thunderbolt Bridge",
+                            contract.lab.tb_ip(node), "255.255.255.0"])
+    assert [(c.run, c.user) for c in contract.issued(setmanual, host)] == [("first", "root")]
+    first = contract.commands("first", "networksetup", host)
+    assert "networksetup -getinfo 'Thunderbolt Bridge'" in first[:first.index(setmanual)], (
+        "no -getinfo probe before -setmanual")
+    # The MTU already matched (1500): read, never set.
+    assert "networksetup -getMTU bridge0" in first
+    assert not [c for c in contract.calls if c.tool == "networksetup" and c.argv[0] == "-setMTU"]
+
+
+# --- ssh_mesh ---------------------------------------------------------------------------
+
+@needs_role("ssh_mesh")
+@pytest.mark.parametrize("node", NODES)
+def test_ssh_mesh_reads_the_home_directory_from_directory_services(contract: Contract,
+                                                                   node: int) -> None:
+    read_home = f"dscl . -read /Users/{ADMIN} NFSHomeDirectory"
+    for run in RUNS:
+        assert read_home in contract.commands(run, "dscl", f"node{node}"), run
+
+
+@needs_role("ssh_mesh")
+def test_ssh_mesh_lets_the_admin_reach_the_other_mac(contract: Contract) -> None:
+    # The mesh the role built, used for real: node1's admin to node2 by inventory name.
+    # The admin account runs ssh through su: lab nodes have no sudo.
+    answer = contract.ssh(1, f"su - {ADMIN} -c 'ssh -o BatchMode=yes node2 hostname'")
+    assert answer.strip() == "node2"
+
+
+# --- openmpi ----------------------------------------------------------------------------
+
+@needs_role("openmpi")
+@pytest.mark.parametrize("node", NODES)
+def test_openmpi_installs_the_formula_once_as_the_admin(contract: Contract, node: int) -> None:
+    host = f"node{node}"
+    installs = contract.issued("brew install open-mpi", host)
+    assert [(c.run, c.user) for c in installs] == [("first", ADMIN)]
+    first = contract.commands("first", "brew", host)
+    assert first.index("brew info --json=v2 open-mpi") < first.index("brew install open-mpi")
+    assert "brew info --json=v2 open-mpi" in contract.commands("check", "brew", host)
+
+
+# --- python_env -------------------------------------------------------------------------
+
+@needs_role("python_env")
+@pytest.mark.parametrize("node", NODES)
+def test_python_env_builds_the_venv_from_homebrew_python(contract: Contract, node: int) -> None:
+    formula = yaml.safe_load((REPO / "roles/python_env/defaults/main.yml").read_text())[
+        "python_env_brew_python_formula"]
+    installs = contract.issued(f"brew install {formula}", f"node{node}")
+    assert [(c.run, c.user) for c in installs] == [("first", ADMIN)]
+    # The venv comes from that formula's Python, at Apple Silicon's Homebrew prefix.
+    config = contract.ssh(node, f"cat /home/{ADMIN}/mlx-cluster/venv/pyvenv.cfg")
+    python = f"/opt/homebrew/opt/{formula}/bin/{formula.replace('@', '')}"
+    assert f"command = {python} -m venv" in config, config
