@@ -1,0 +1,58 @@
+"""Each role's molecule scenario (roles/<role>/molecule/default) on real lab hosts.
+
+`molecule test` in the role directory: fresh lab hosts (molecule/shared/create.yml),
+prepare, converge, a second converge that must change nothing, the scenario's checks
+(verify.yml), and the lab taken down again (molecule/shared/destroy.yml).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlxcluster import lab
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+ROLES = ["thunderbolt", "ssh_mesh", "openmpi", "python_env", "hostfile", "macos"]
+# The lab number the cluster tests use (see conftest.py); each scenario brings it up
+# and takes it down, so it must not run while another test holds the same lab.
+LAB_ID = os.environ.get("MLX_TEST_LAB_ID", "5")
+
+
+@pytest.fixture(scope="module")
+def offline_cache() -> None:
+    """Lab hosts install from the machine's caches: fill them once (quick when full)."""
+    if os.geteuid() != 0:
+        pytest.skip("molecule scenarios need root (network namespaces)")
+    lab.prepare_offline_cache()
+
+
+def test_every_role_has_a_scenario() -> None:
+    roles = sorted(p.name for p in (REPO / "roles").iterdir() if (p / "tasks").is_dir())
+    missing = [r for r in roles if not (REPO / "roles" / r / "molecule/default/molecule.yml").is_file()]
+    assert not missing, f"roles without a molecule scenario: {missing}"
+    assert set(ROLES) <= set(roles)
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_molecule_scenario_passes(role: str, offline_cache: None) -> None:
+    # molecule runs ansible-config and ansible-playbook from PATH.
+    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
+           "MLX_LAB_ID": LAB_ID, "ANSIBLE_FORCE_COLOR": "0", "NO_COLOR": "1"}
+    env.pop("MOLECULE_EPHEMERAL_DIRECTORY", None)
+    proc = subprocess.run([str(VENV_BIN / "molecule"), "test"], cwd=REPO / "roles" / role,
+                          env=env, capture_output=True, text=True, timeout=1800)
+    output = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        # molecule destroys after a failed step, but not when it dies itself.
+        lab.down(int(LAB_ID))
+    assert proc.returncode == 0, output[-6000:]
+    assert "idempotence: Executed: Successful" in output, output[-3000:]
+    assert "verify: Executed: Successful" in output, output[-3000:]
