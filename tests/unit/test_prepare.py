@@ -1,0 +1,515 @@
+"""training.prepare: formats, validation, hash split, filtering, atomic output, CLI; the pirate data."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from training import pirate
+from training import prepare as tp
+from training.data import make_pirate
+
+PIRATE_DATA = Path(tp.__file__).with_name("data") / "pirate.jsonl"
+# One token per whitespace-separated word, plus "<role>" and "</s>" around each message.
+CHAT_TEMPLATE = "{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} </s> {% endfor %}"
+
+
+def write_jsonl(path: Path, rows: list[Any]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def dolly(index: int, context: str = "") -> dict[str, str]:
+    return {
+        "instruction": f"Question number {index}?",
+        "context": context,
+        "response": f"Answer number {index}.",
+        "category": "open_qa",
+    }
+
+
+def run(source: Path, output: Path, **options: Any) -> tp.Summary:
+    return tp.prepare(source, output, console=Console(file=io.StringIO()), **options)
+
+
+def all_rows(output: Path) -> list[dict[str, Any]]:
+    """Every example written, whatever its split."""
+    names = [f"{name}.jsonl" for name in ("train", "valid", "test")]
+    return [row for name in names if (output / name).exists() for row in read_jsonl(output / name)]
+
+
+def split_of(output: Path) -> dict[str, str]:
+    """The split each example (by its user message) landed in."""
+    found = {}
+    for name in ("train", "valid", "test"):
+        path = output / f"{name}.jsonl"
+        if path.exists():
+            for row in read_jsonl(path):
+                user = next(m["content"] for m in row["messages"] if m["role"] == "user")
+                found[user] = name
+    return found
+
+
+def snapshot(directory: Path) -> dict[str, str]:
+    return {path.name: path.read_text() for path in directory.iterdir()}
+
+
+@pytest.fixture
+def tiny_tokenizer(tmp_path: Path) -> Path:
+    tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0, "</s>": 1}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]", eos_token="</s>")
+    fast.chat_template = CHAT_TEMPLATE
+    directory = tmp_path / "model"
+    fast.save_pretrained(directory)
+    return directory
+
+
+# formats
+
+
+def test_dolly_rows_become_chat_with_context_appended_only_when_present(tmp_path: Path) -> None:
+    rows = [dolly(1, context="Some passage."), dolly(2), dolly(3, context="   "), dolly(4)]
+    del rows[3]["context"]
+    summary = run(write_jsonl(tmp_path / "d.jsonl", rows), tmp_path / "out", valid_fraction=0.5)
+    assert summary.format == "dolly"
+    found = {row["messages"][0]["content"]: row["messages"] for row in all_rows(tmp_path / "out")}
+    assert found["Question number 1?\n\nSome passage."] == [
+        {"role": "user", "content": "Question number 1?\n\nSome passage."},
+        {"role": "assistant", "content": "Answer number 1."},
+    ]
+    assert {"Question number 2?", "Question number 3?", "Question number 4?"} <= found.keys()
+
+
+def test_alpaca_rows_append_input_only_when_non_empty(tmp_path: Path) -> None:
+    rows = [
+        {"instruction": "Translate.", "input": "Hello", "output": "Ahoy"},
+        {"instruction": "Greet me.", "input": "", "output": "Ahoy, matey"},
+    ]
+    summary = run(write_jsonl(tmp_path / "a.jsonl", rows), tmp_path / "out", valid_fraction=0.5)
+    assert summary.format == "alpaca"
+    users = sorted(row["messages"][0]["content"] for row in all_rows(tmp_path / "out"))
+    assert users == ["Greet me.", "Translate.\n\nHello"]
+    assistants = sorted(row["messages"][1]["content"] for row in all_rows(tmp_path / "out"))
+    assert assistants == ["Ahoy", "Ahoy, matey"]
+
+
+def test_chat_rows_pass_through_and_the_system_prompt_fills_only_missing_ones(tmp_path: Path) -> None:
+    own = [
+        {"role": "system", "content": "Be terse."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello"},
+    ]
+    plain = [{"role": "user", "content": "Yo"}, {"role": "assistant", "content": "Ahoy"}]
+    source = write_jsonl(tmp_path / "c.jsonl", [{"messages": own}, {"messages": plain, "id": 7}])
+    summary = run(source, tmp_path / "out", valid_fraction=0.5, system_prompt="Talk like a pirate.")
+    assert summary.format == "chat"
+    rows = sorted(all_rows(tmp_path / "out"), key=lambda row: len(row["messages"][0]["content"]))
+    assert rows == [
+        {"messages": own},
+        {"messages": [{"role": "system", "content": "Talk like a pirate."}, *plain]},
+    ]
+
+
+def test_a_json_file_holding_a_list_is_accepted(tmp_path: Path) -> None:
+    source = tmp_path / "rows.json"
+    source.write_text(json.dumps([dolly(1), dolly(2), dolly(3)]))
+    summary = run(source, tmp_path / "out")
+    assert (summary.rows_read, summary.kept, summary.train + summary.valid) == (3, 3, 3)
+
+
+def test_a_bad_row_in_a_json_list_is_named_by_its_position(tmp_path: Path) -> None:
+    source = tmp_path / "rows.json"
+    source.write_text(json.dumps([dolly(1), {"instruction": "x", "context": ""}]))
+    with pytest.raises(tp.DataError, match=r"rows\.json: row 2: dolly row has no 'response'"):
+        run(source, tmp_path / "out")
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ({"instruction": "x", "input": "y"}, "alpaca row has no 'output'"),
+        ({"instruction": "x", "response": "y"}, "alpaca row has no 'output'"),
+        ({"input": "y", "output": "z"}, "alpaca row has no 'instruction'"),
+        ({"instruction": "x", "output": 3}, "alpaca row's 'output' is not a string"),
+        ({"instruction": " ", "output": "z"}, "alpaca row has an empty 'instruction'"),
+        (["instruction", "output"], "expected a JSON object, got list"),
+    ],
+)
+def test_a_row_missing_its_fields_names_file_line_and_field(tmp_path: Path, row: Any, message: str) -> None:
+    good = {"instruction": "Say hi.", "input": "", "output": "Ahoy"}
+    source = write_jsonl(tmp_path / "data.jsonl", [good, good | {"output": "Arr"}, row])
+    with pytest.raises(tp.DataError) as caught:
+        run(source, tmp_path / "out")
+    assert str(caught.value) == f"{source}:3: {message}"
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("messages", "message"),
+    [
+        ("hi", "chat row's 'messages' must be a non-empty list"),
+        ([], "chat row's 'messages' must be a non-empty list"),
+        (
+            [{"role": "tool", "content": "x"}],
+            "message 1 has role 'tool': expected one of system, user, assistant",
+        ),
+        ([{"content": "x"}], "message 1 has no 'role'"),
+        ([{"role": "user"}], "message 1 has no 'content'"),
+        ([{"role": "user", "content": ["x"]}], "message 1: 'content' is not a string"),
+        (
+            [{"role": "system", "content": "s"}, {"role": "assistant", "content": "a"}],
+            "chat row has no user message",
+        ),
+        (
+            [{"role": "assistant", "content": "a"}, {"role": "user", "content": "u"}],
+            "chat row must end with an assistant message, not a user one",
+        ),
+    ],
+)
+def test_chat_messages_are_validated(tmp_path: Path, messages: Any, message: str) -> None:
+    good = {"messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]}
+    source = write_jsonl(tmp_path / "chat.jsonl", [good, {"messages": messages}])
+    with pytest.raises(tp.DataError) as caught:
+        run(source, tmp_path / "out")
+    assert str(caught.value) == f"{source}:2: {message}"
+
+
+def test_a_chat_file_with_an_instruction_row_says_the_row_has_no_messages(tmp_path: Path) -> None:
+    good = {"messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]}
+    source = write_jsonl(tmp_path / "chat.jsonl", [good, dolly(1)])
+    with pytest.raises(tp.DataError, match=r"chat\.jsonl:2: chat row has no 'messages'"):
+        run(source, tmp_path / "out")
+
+
+def test_an_unknown_format_is_an_error(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "x.jsonl", [{"question": "q", "answer": "a"}])
+    with pytest.raises(tp.DataError, match=r"x\.jsonl:1: cannot tell the format"):
+        run(source, tmp_path / "out")
+
+
+# bad input writes nothing
+
+
+def test_a_malformed_line_names_file_and_line_and_leaves_the_output_untouched(tmp_path: Path) -> None:
+    source = tmp_path / "data.jsonl"
+    lines = [json.dumps(dolly(index)) for index in range(20)]
+    lines.insert(16, '{"instruction": "broken", ')
+    source.write_text("\n".join(lines) + "\n")
+    output = tmp_path / "out"
+    output.mkdir()
+    (output / "train.jsonl").write_text("old train\n")
+    (output / "valid.jsonl").write_text("old valid\n")
+    before = snapshot(output)
+
+    with pytest.raises(tp.DataError, match=r"^.*data\.jsonl:17: not valid JSON"):
+        run(source, output)
+    assert snapshot(output) == before
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["data.jsonl", "out"]
+
+
+def test_cli_reports_bad_input_on_stderr_with_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = write_jsonl(tmp_path / "data.jsonl", [dolly(1), {"instruction": "x", "context": ""}])
+    assert tp.main(["--input", str(source), "--output", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == f"error: {source}:2: dolly row has no 'response'\n"
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("text", ["", "\n\n  \n"])
+def test_an_empty_input_is_an_error(tmp_path: Path, text: str) -> None:
+    source = tmp_path / "empty.jsonl"
+    source.write_text(text)
+    with pytest.raises(tp.DataError, match="no rows: the input is empty"):
+        run(source, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_input_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(tp.DataError, match="no such file"):
+        run(tmp_path / "nope.jsonl", tmp_path / "out")
+
+
+def test_one_example_after_dropping_duplicates_is_too_few(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "d.jsonl", [dolly(1), dolly(1), dolly(1)])
+    with pytest.raises(tp.DataError) as caught:
+        run(source, tmp_path / "out")
+    assert "only 1 example after filtering: need at least 2 (one for train, one for valid)" in str(
+        caught.value
+    )
+    assert "2 duplicates" in str(caught.value)
+
+
+def test_a_test_split_needs_three_examples(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "d.jsonl", [dolly(1), dolly(2)])
+    with pytest.raises(tp.DataError, match=r"only 2 examples after filtering: need at least 3"):
+        run(source, tmp_path / "out", test_fraction=0.1)
+
+
+@pytest.mark.parametrize(("valid", "test"), [(0.0, 0.0), (1.0, 0.0), (0.2, -0.1), (0.6, 0.4)])
+def test_impossible_fractions_are_refused(tmp_path: Path, valid: float, test: float) -> None:
+    source = write_jsonl(tmp_path / "d.jsonl", [dolly(1), dolly(2)])
+    with pytest.raises(tp.DataError, match="fraction"):
+        run(source, tmp_path / "out", valid_fraction=valid, test_fraction=test)
+
+
+# the split
+
+
+def test_the_split_is_deterministic_for_a_seed(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "d.jsonl", [dolly(index) for index in range(100)])
+    run(source, tmp_path / "one", seed=3, test_fraction=0.1)
+    run(source, tmp_path / "two", seed=3, test_fraction=0.1)
+    assert snapshot(tmp_path / "one").keys() == {"train.jsonl", "valid.jsonl", "test.jsonl", "summary.json"}
+    for name in ("train.jsonl", "valid.jsonl", "test.jsonl"):
+        assert (tmp_path / "one" / name).read_text() == (tmp_path / "two" / name).read_text()
+
+
+def test_appending_rows_never_moves_existing_examples(tmp_path: Path) -> None:
+    original = write_jsonl(tmp_path / "a.jsonl", [dolly(i) for i in range(150)])
+    first = run(original, tmp_path / "a", test_fraction=0.1)
+    grown = write_jsonl(tmp_path / "b.jsonl", [dolly(i) for i in range(400)])
+    second = run(grown, tmp_path / "b", test_fraction=0.1)
+    before, after = split_of(tmp_path / "a"), split_of(tmp_path / "b")
+    assert min(first.train, first.valid, first.test) > 0
+    assert {user: after[user] for user in before} == before
+    assert second.kept == 400
+
+
+def test_different_seeds_give_different_splits(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "d.jsonl", [dolly(index) for index in range(100)])
+    run(source, tmp_path / "zero", seed=0)
+    run(source, tmp_path / "one", seed=1)
+    assert split_of(tmp_path / "zero") != split_of(tmp_path / "one")
+
+
+def test_fractions_are_expected_shares() -> None:
+    positions = [tp.split_position(0, [{"role": "user", "content": str(i)}]) for i in range(4000)]
+    counts = Counter(tp.assign_splits(positions, valid_fraction=0.2, test_fraction=0.1))
+    assert counts["test"] / 4000 == pytest.approx(0.1, abs=0.02)
+    assert counts["valid"] / 4000 == pytest.approx(0.2, abs=0.02)
+
+
+def test_the_system_prompt_does_not_move_examples() -> None:
+    plain = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
+    with_system = [{"role": "system", "content": "Be a pirate."}, *plain]
+    assert tp.split_position(0, plain) == tp.split_position(0, with_system)
+    assert tp.split_position(0, plain) != tp.split_position(1, plain)
+
+
+@pytest.mark.parametrize(
+    ("positions", "valid", "test", "expected"),
+    [
+        # valid came out empty: the train example with the smallest hash moves to valid
+        ([0.9, 0.5, 0.7], 0.2, 0.0, ["train", "valid", "train"]),
+        # test and valid empty: test gets the smallest hash, valid the next
+        ([0.9, 0.8, 0.5], 0.2, 0.1, ["train", "valid", "test"]),
+        # train empty: the valid example with the largest hash moves to train
+        ([0.05, 0.1], 0.2, 0.0, ["valid", "train"]),
+        # nothing empty: nothing moves
+        ([0.05, 0.1, 0.5], 0.2, 0.0, ["valid", "valid", "train"]),
+    ],
+)
+def test_empty_splits_are_filled_deterministically(
+    positions: list[float], valid: float, test: float, expected: list[str]
+) -> None:
+    assert tp.assign_splits(positions, valid, test) == expected
+
+
+def test_tiny_data_sets_still_get_train_and_valid(tmp_path: Path) -> None:
+    for seed in range(10):
+        summary = run(write_jsonl(tmp_path / "d.jsonl", [dolly(1), dolly(2)]), tmp_path / "out", seed=seed)
+        assert (summary.train, summary.valid) == (1, 1)
+
+
+# filtering
+
+
+def test_duplicates_are_dropped_and_counted(tmp_path: Path) -> None:
+    rows = [dolly(1), dolly(2), dolly(1), dolly(3), dolly(2) | {"category": "other"}, dolly(1, "ctx")]
+    summary = run(write_jsonl(tmp_path / "d.jsonl", rows), tmp_path / "out")
+    assert (summary.rows_read, summary.kept, summary.dropped_duplicates) == (6, 4, 2)
+    assert summary.train + summary.valid == 4
+    users = [row["messages"][0]["content"] for row in all_rows(tmp_path / "out")]
+    assert len(users) == len(set(users)) == 4
+
+
+def test_examples_over_max_tokens_are_dropped_not_truncated(tmp_path: Path, tiny_tokenizer: Path) -> None:
+    tokenizer = tp.load_tokenizer(tiny_tokenizer)
+    # tokens: <user> + words + </s> + <assistant> + words + </s>
+    rows = [
+        {"instruction": "one two", "input": "", "output": "three"},  # 7
+        {"instruction": "a b c d", "input": "", "output": "e f g h"},  # 12
+        {"instruction": "x", "input": "", "output": "y"},  # 6
+        {"instruction": "p q r", "input": "s", "output": "t u v w x"},  # 13
+    ]
+    summary = run(
+        write_jsonl(tmp_path / "a.jsonl", rows), tmp_path / "out", max_tokens=12, tokenizer=tokenizer
+    )
+    assert (summary.rows_read, summary.kept, summary.dropped_too_long) == (4, 3, 1)
+    assert (summary.length_unit, summary.length_min, summary.length_max) == ("tokens", 6, 12)
+    assert summary.length_mean == pytest.approx((7 + 12 + 6) / 3, abs=0.05)
+    assistants = {row["messages"][1]["content"] for row in all_rows(tmp_path / "out")}
+    assert assistants == {"three", "e f g h", "y"}
+
+
+def test_without_a_chat_template_the_contents_are_counted(tiny_tokenizer: Path) -> None:
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(tiny_tokenizer)
+    tokenizer.chat_template = None
+    messages = [{"role": "user", "content": "a b c"}, {"role": "assistant", "content": "d e"}]
+    assert tp.example_length(messages, tokenizer) == 5
+    assert tp.example_length(messages) == len("a b c") + len("d e")
+
+
+def test_max_tokens_needs_a_tokenizer(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "d.jsonl", [dolly(1), dolly(2)])
+    with pytest.raises(tp.DataError, match="needs a tokenizer"):
+        run(source, tmp_path / "out", max_tokens=10)
+
+
+# output
+
+
+def test_summary_is_returned_printed_and_written(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "d.jsonl", [dolly(index) for index in range(10)])
+    buffer = io.StringIO()
+    summary = tp.prepare(source, tmp_path / "out", console=Console(file=buffer, width=120))
+    assert json.loads((tmp_path / "out" / "summary.json").read_text()) == asdict(summary)
+    assert (summary.length_unit, summary.dropped_too_long, summary.test) == ("characters", 0, 0)
+    printed = buffer.getvalue()
+    for label in (
+        "rows read",
+        "kept",
+        "dropped: duplicates",
+        "train",
+        "valid",
+        "characters min / mean / max",
+    ):
+        assert label in printed
+    assert len(read_jsonl(tmp_path / "out" / "train.jsonl")) == summary.train
+
+
+def test_rerunning_replaces_outputs_and_drops_a_stale_test_split(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "d.jsonl", [dolly(index) for index in range(40)])
+    output = tmp_path / "out"
+    run(source, output, test_fraction=0.2)
+    assert (output / "test.jsonl").exists()
+    (output / "notes.txt").write_text("mine")
+    summary = run(source, output)
+    assert sorted(path.name for path in output.iterdir()) == [
+        "notes.txt",
+        "summary.json",
+        "train.jsonl",
+        "valid.jsonl",
+    ]
+    assert len(all_rows(output)) == summary.kept == 40
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["d.jsonl", "out"]
+
+
+# CLI
+
+
+def test_cli_writes_the_splits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = write_jsonl(tmp_path / "d.jsonl", [dolly(index) for index in range(30)])
+    argv = [
+        "--input",
+        str(source),
+        "--output",
+        str(tmp_path / "out"),
+        "--test-fraction",
+        "0.2",
+        "--seed",
+        "4",
+    ]
+    assert tp.main([*argv, "--system-prompt", "Talk like a pirate."]) == 0
+    assert "rows read" in capsys.readouterr().out
+    rows = all_rows(tmp_path / "out")
+    assert len(rows) == 30
+    assert all(row["messages"][0] == {"role": "system", "content": "Talk like a pirate."} for row in rows)
+
+
+def test_cli_max_tokens_requires_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = write_jsonl(tmp_path / "d.jsonl", [dolly(1), dolly(2)])
+    with pytest.raises(SystemExit) as exited:
+        tp.main(["--input", str(source), "--output", str(tmp_path / "out"), "--max-tokens", "10"])
+    assert exited.value.code == 2
+    assert "--max-tokens needs --model" in capsys.readouterr().err
+
+
+def test_cli_counts_tokens_with_the_model_tokenizer(tmp_path: Path, tiny_tokenizer: Path) -> None:
+    rows = [dolly(index) for index in range(6)] + [dolly(99) | {"response": " ".join(["word"] * 50)}]
+    source = write_jsonl(tmp_path / "d.jsonl", rows)
+    argv = ["--input", str(source), "--output", str(tmp_path / "out"), "--max-tokens", "20"]
+    assert tp.main([*argv, "--model", str(tiny_tokenizer)]) == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert (summary["kept"], summary["dropped_too_long"], summary["length_unit"]) == (6, 1, "tokens")
+
+
+def test_cli_rejects_a_missing_model_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = write_jsonl(tmp_path / "d.jsonl", [dolly(1), dolly(2)])
+    argv = ["--input", str(source), "--output", str(tmp_path / "out"), "--max-tokens", "9"]
+    assert tp.main([*argv, "--model", str(tmp_path / "nope")]) == 2
+    assert "not a directory" in capsys.readouterr().err
+
+
+# the bundled pirate data
+
+
+def test_the_pirate_data_set_prepares_cleanly(tmp_path: Path) -> None:
+    summary = run(PIRATE_DATA, tmp_path / "out")
+    assert summary.format == "dolly"
+    assert summary.rows_read >= 300
+    assert summary.kept == summary.rows_read
+    assert summary.train > summary.valid > 0
+    rows = read_jsonl(PIRATE_DATA)
+    assert len({row["category"] for row in rows}) >= 8
+    assert all(pirate.pirate_score(row["response"]) >= 2 for row in rows)
+
+
+def test_the_pirate_data_set_is_what_its_generator_makes() -> None:
+    assert PIRATE_DATA.read_text(encoding="utf-8") == make_pirate.render()
+
+
+def test_held_out_prompts_are_not_in_the_data_set() -> None:
+    instructions = {row["instruction"] for row in read_jsonl(PIRATE_DATA)}
+    assert len(pirate.HELD_OUT_PROMPTS) == len(set(pirate.HELD_OUT_PROMPTS)) == 20
+    assert instructions.isdisjoint(pirate.HELD_OUT_PROMPTS)
+
+
+# pirate_score
+
+
+@pytest.mark.parametrize(
+    ("text", "score"),
+    [
+        ("The capital of France is Paris.", 0),
+        ("Arr, matey! Ye be wantin' treasure?", 4),
+        ("ARRR, me HEARTIES", 2),
+        ("'Tis true, and \u2019tis grand.", 2),
+        ("Ye'll find it, aye.", 2),
+        ("Yearly players treasured the ayes of yeoman matey's", 1),
+        ("Yo-ho-ho, cap'n!", 2),
+        ("", 0),
+    ],
+)
+def test_pirate_score_counts_whole_marker_words(text: str, score: int) -> None:
+    assert pirate.pirate_score(text) == score
+
+
+def test_pirate_markers_are_lowercase_and_unique() -> None:
+    assert all(marker == marker.lower() for marker in pirate.PIRATE_MARKERS)
+    assert len(set(pirate.PIRATE_MARKERS)) == len(pirate.PIRATE_MARKERS)

