@@ -42,7 +42,7 @@ WHEELHOUSE = Path("/var/cache/mlx-lab/wheels")
 OVERLAID = ("opt", "usr", "etc", "var", "root", "home")
 THUNDERBOLT_IFACE = "bridge0"
 # Debian packages the roles install on Linux nodes; the lab caches them.
-APT_PACKAGES = ("openmpi-bin", "libopenmpi-dev", "libopenblas0-pthread", "python3-venv",
+APT_PACKAGES = ("openmpi-bin", "libopenmpi-dev", "libopenblas0-pthread", "python3-venv", "g++",
                 "iputils-ping", "rsync")
 # Tools the lab itself needs on the host (they become part of every lab host's base image).
 HOST_TOOLS = {"sshd": "openssh-server", "ssh": "openssh-client", "ip": "iproute2"}
@@ -175,13 +175,17 @@ cat > /etc/hosts <<'EOF'
 {hosts}
 EOF
 # A host of its own: fresh host keys, and none of the machine's root keys or known hosts.
-rm -f /etc/ssh/ssh_host_*
-cp {d}/ssh_host_ed25519_key {d}/ssh_host_ed25519_key.pub /etc/ssh/
-chmod 600 /etc/ssh/ssh_host_ed25519_key
-rm -rf /root/.ssh
-mkdir -m 700 /root/.ssh
-echo '{authorized_key}' > /root/.ssh/authorized_keys
-chmod 600 /root/.ssh/authorized_keys
+# Done on first boot only: a node restarted by lab.up keeps its disk, like a rebooted Mac.
+if [ ! -e {d}/booted ]; then
+  rm -f /etc/ssh/ssh_host_*
+  cp {d}/ssh_host_ed25519_key {d}/ssh_host_ed25519_key.pub /etc/ssh/
+  chmod 600 /etc/ssh/ssh_host_ed25519_key
+  rm -rf /root/.ssh
+  mkdir -m 700 /root/.ssh
+  echo '{authorized_key}' > /root/.ssh/authorized_keys
+  chmod 600 /root/.ssh/authorized_keys
+  touch {d}/booted
+fi
 cat > /etc/ssh/sshd_config <<'EOF'
 Port 22
 HostKey /etc/ssh/ssh_host_ed25519_key
@@ -212,7 +216,11 @@ def _start_node(lab: Lab, i: int, authorized_key: str) -> None:
         outer, peer = f"mlab{lab.lab_id}{kind}{i}", f"mlab{lab.lab_id}{kind}p{i}"
         if _link_exists(outer):
             _run(["ip", "link", "del", outer])
-        _run(["ip", "link", "add", outer, "type", "veth", "peer", "name", peer])
+        # A fixed MAC per node and link, like real hardware: a restarted node keeps its
+        # MAC, so its peers' ARP entries stay right.
+        mac = f"02:77:{lab.lab_id:02x}:{ord(kind):02x}:00:{i:02x}"
+        _run(["ip", "link", "add", outer, "type", "veth", "peer", "name", peer,
+              "address", mac])
         _run(["ip", "link", "set", outer, "master", bridge, "up"])
         _run(["ip", "link", "set", peer, "netns", ns])
         _run(["ip", "-n", ns, "link", "set", peer, "name", inner])
@@ -222,13 +230,14 @@ def _start_node(lab: Lab, i: int, authorized_key: str) -> None:
     _run(["ip", "-n", ns, "route", "add", "default", "via", lab.gateway])
     script = d / "boot.sh"
     script.write_text(_node_script(lab, i, authorized_key))
-    log = (d / "sshd.log").open("a")
-    proc = subprocess.Popen(
-        ["ip", "netns", "exec", ns, "unshare", "--uts", "--mount", "--propagation", "private",
-         "--fork", "bash", str(script)],
-        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    (d / "pid").write_text(str(proc.pid))
+    # setsid --fork detaches the node's process tree from ours: it outlives this
+    # command, and `stop_node` finds it again through the namespace.
+    with (d / "sshd.log").open("a") as log:
+        subprocess.run(
+            ["setsid", "--fork", "ip", "netns", "exec", ns, "unshare", "--uts", "--mount",
+             "--propagation", "private", "--fork", "bash", str(script)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, check=True,
+        )
 
 
 def _wait_for_ssh(addresses: Iterable[str], timeout: float = 20.0) -> None:
@@ -321,13 +330,6 @@ def stop_node(lab: Lab, i: int) -> None:
             os.kill(int(pid), signal.SIGKILL)
         except ProcessLookupError:
             pass
-    pidfile = lab.node_dir(i) / "pid"
-    if pidfile.exists():
-        try:
-            os.killpg(int(pidfile.read_text()), signal.SIGKILL)
-        except (ProcessLookupError, ValueError):
-            pass
-        pidfile.unlink()
     deadline = time.monotonic() + 5
     while _run(["ip", "netns", "pids", ns], capture=True, check=False).stdout.strip():
         if time.monotonic() > deadline:
@@ -346,9 +348,6 @@ def down(lab_id: int = 0) -> None:
     lab = Lab(lab_id)
     for i in lab.nodes():
         stop_node(lab, i)
-    if lab.root.exists():
-        for pidfile in lab.root.glob("node*/pid"):
-            stop_node(lab, int(pidfile.parent.name.removeprefix("node")))
     for bridge in (lab.mgmt_bridge, lab.tb_bridge):
         if _link_exists(bridge):
             _run(["ip", "link", "del", bridge], check=False, capture=True)

@@ -1,0 +1,45 @@
+"""The lab's naming and the inventory it writes (bringing hosts up is in tests/cluster)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from mlxcluster import lab
+from mlxcluster.inventory import inventory_errors
+
+
+def test_labs_do_not_share_names_or_addresses():
+    a, b = lab.Lab(0), lab.Lab(5)
+    assert a.netns(1) != b.netns(1) and a.mgmt_bridge != b.mgmt_bridge
+    assert (a.mgmt_ip(2), a.tb_ip(2)) == ("10.77.0.12", "10.78.0.12")
+    assert b.mgmt_ip(2) == "10.77.5.12"
+    assert max(len(n) for n in (b.netns(9), b.mgmt_bridge, b.tb_bridge)) <= 15  # IFNAMSIZ
+
+
+def test_lab_id_out_of_range_is_refused():
+    with pytest.raises(lab.LabError, match="lab id must be 0-9"):
+        lab.Lab(10)
+
+
+def test_written_inventory_is_valid_and_pins_the_lab_host_keys(tmp_path, monkeypatch):
+    monkeypatch.setattr(lab, "LAB_ROOT", tmp_path)
+    the_lab = lab.Lab(3)
+    path = lab.write_inventory(the_lab, [1, 2, 3])
+    inventory = yaml.safe_load(path.read_text())
+    hosts = inventory["cluster"]["children"]["linux"]["hosts"]
+    assert list(hosts) == ["node1", "node2", "node3"]
+    assert list(inventory["launcher"]["hosts"]) == ["node1"]
+    settings = yaml.safe_load((path.parent / "group_vars" / "cluster.yml").read_text())
+    assert settings["ansible_ssh_common_args"] == f"-o UserKnownHostsFile={the_lab.known_hosts}"
+    assert "StrictHostKeyChecking" not in path.read_text()
+    assert (path.parent / "group_vars" / "all").resolve() == \
+        (lab.REPO / "inventory" / "group_vars" / "all").resolve()
+    groups = {"cluster": list(hosts), "linux": list(hosts), "launcher": ["node1"]}
+    hostvars = {h: {**v, "thunderbolt_interface": settings["thunderbolt_interface"]}
+                for h, v in hosts.items()}
+    assert inventory_errors(groups, hostvars) == []
+
+
+def test_node_requirements_follow_the_role_pins():
+    assert lab.node_requirements() == ["mlx[cpu]==0.32.4", "mlx-lm==0.32.2"]
