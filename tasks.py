@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ from invoke.context import Context
 from invoke.exceptions import Exit
 from invoke.tasks import task
 
-from mlxcluster import commands, lab
+from mlxcluster import commands, lab, launch, sync
 
 REPO = Path(__file__).resolve().parent
 VENV_BIN = Path(sys.executable).parent
@@ -171,8 +172,249 @@ def bench_provision(c, nodes=3, id=8, output=None):
         raise Exit("the second run changed something: provisioning is not idempotent")
 
 
+# ------------------------------------------------------------------ data and model
+
+DEMO_DATA = REPO / "training" / "data" / "pirate.jsonl"
+MODELS = REPO / "models"
+
+
+def _python_module(c: Context, module: str, args: list[str]) -> None:
+    _run(c, [sys.executable, "-m", module, *args])
+
+
+@task(name="prepare", help={
+    "input": "Instruction data: .jsonl (dolly, alpaca or chat rows) or a .json list",
+    "output": "Directory for train.jsonl / valid.jsonl (/ test.jsonl)",
+    "valid_fraction": "Expected share of validation examples (0.2)",
+    "test_fraction": "Expected share of test examples (0: none)",
+    "seed": "Seed of the split (0)",
+    "max_tokens": "Drop examples longer than this many tokens (needs --model)",
+    "model": "Local model directory whose tokenizer counts tokens",
+    "system_prompt": "System message for examples that have none"})
+def data_prepare(c, input=str(DEMO_DATA), output="build/data/pirate", valid_fraction=0.2,
+                 test_fraction=0.0, seed=0, max_tokens=None, model=None, system_prompt=None):
+    """Turn instruction data into mlx-lm chat format, split deterministically."""
+    args = ["--input", input, "--output", output, "--valid-fraction", str(valid_fraction),
+            "--test-fraction", str(test_fraction), "--seed", str(seed)]
+    if max_tokens:
+        args += ["--max-tokens", str(max_tokens)]
+    if model:
+        args += ["--model", model]
+    if system_prompt:
+        args += ["--system-prompt", system_prompt]
+    _python_module(c, "training.prepare", args)
+
+
+def _default_model_dir(dtype: str) -> Path:
+    return MODELS / f"smollm2-135m-{dtype}"
+
+
+@task(name="fetch", help={
+    "source": "Hugging Face repo id (org/name), a local model directory, or smollm2 (default)",
+    "output": "Model directory on the controller (default models/<name>)",
+    "dtype": "float16 or float32 (default: float32 on Linux, where 4-bit/16-bit matmul is slow)"})
+def model_fetch(c, source="smollm2", output=None, dtype=None):
+    """Get the model onto the controller once (invoke train fans it out to the nodes)."""
+    dtype = dtype or ("float16" if sys.platform == "darwin" else "float32")
+    out = Path(output) if output else (
+        _default_model_dir(dtype) if source == "smollm2" else MODELS / Path(source).name)
+    _python_module(c, "training.model", ["fetch", "--source", source, "--output", str(out),
+                                         "--dtype", dtype])
+
+
+# ------------------------------------------------------------------------- train
+
+def _cluster(inv: str) -> tuple[launch.Cluster, Path]:
+    build = commands.build_dir_for(inv)
+    try:
+        cluster = launch.Cluster.load(build / "cluster.json")
+        launch.check_ready(cluster, (build / "hostfile").read_text())
+    except (launch.LaunchError, FileNotFoundError) as exc:
+        raise Exit(f"cannot launch: {exc}") from exc
+    return cluster, build
+
+
+def _is_root(node: launch.Node) -> bool:
+    user = (node.connection or {}).get("user")
+    if (node.connection or {}).get("type") == "local" or user is None:
+        return os.geteuid() == 0
+    return user == "root"
+
+
+def _step(c: Context, label: str, cmd: list[str], dry_run: bool) -> None:
+    print(f"# {label}\n{commands.join(cmd)}" if dry_run else f"==> {label}", flush=True)
+    if not dry_run:
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise Exit(f"{label} failed ({proc.returncode}):\n{proc.stderr.strip()[-3000:]}")
+
+
+def train_plan(cluster: launch.Cluster, *, run_id: str, data: Path, model: Path,
+               config: Path | None, overrides: list[str], backend: str,
+               interface: str | None, btl_tcp_links: int | None) -> tuple[list, list[str]]:
+    """(sync steps, launch command) of one training run: plain data, printed by --dry-run."""
+    head = cluster.head
+    paths = sync.node_paths(head)
+    remote_data = f"{paths['work']}/data/{data.name}"
+    remote_model = f"{paths['models']}/{model.name}"
+    remote_run = f"{paths['runs']}/{run_id}"
+    steps: list[tuple[str, list[str]]] = []
+    for node in cluster.training_nodes:
+        steps.append((f"sync code to {node.name}",
+                      sync.push(REPO / "training", node, f"{paths['work']}/training",
+                                excludes=sync.CODE_EXCLUDES)))
+        steps.append((f"sync data to {node.name}", sync.push(data, node, remote_data)))
+        if config:
+            steps.append((f"sync config to {node.name}",
+                          sync.push(config.parent, node, f"{paths['work']}/config",
+                                    delete=False)))
+    steps.append((f"copy the model to {head.name}", sync.push(model, head, remote_model)))
+    for cmd in sync.fan_out(cluster, remote_model):
+        steps.append((f"fan the model out from {head.name} over the cluster link", cmd))
+    for node in cluster.training_nodes:
+        steps.append((f"verify the model's checksums on {node.name}",
+                      sync.verify_model(cluster, node, remote_model)))
+    program = ["python", "-m", "training.finetune",
+               "--model", remote_model, "--data", remote_data, "--adapter-path", remote_run,
+               "--expected-world-size", str(cluster.world_size)]
+    if config:
+        program[3:3] = ["--config", f"{paths['work']}/config/{config.name}"]
+    program += overrides
+    env = {"HF_HUB_OFFLINE": "1"}
+    if max(n.slots for n in cluster.training_nodes) > 1:
+        env["OPENBLAS_NUM_THREADS"] = "1"  # several ranks share a machine's cores
+    if backend == "ring":
+        launcher_cmd = [f"{head.venv}/bin/mlx.launch", "--backend", "ring", "--hostfile",
+                        f"{head.cluster_root}/hosts.json", "--cwd", paths["work"]]
+        for name, value in env.items():
+            launcher_cmd += ["--env", f"{name}={value}"]
+        launcher_cmd += ["--", *program]
+    else:
+        program[0] = f"{head.venv}/bin/python"
+        launcher_cmd = launch.mpirun_command(cluster, program, launch.MpiOptions(
+            interface=interface, btl_tcp_links=btl_tcp_links, env=env,
+            allow_run_as_root=_is_root(head), extra=["--wdir", paths["work"]]))
+    line = launch.on_launcher(cluster, launcher_cmd, workdir=paths["work"])
+    return steps, launch.ssh_command(head, line, tty=sys.stdin.isatty())
+
+
+@task(help={
+    "inventory": INVENTORY_HELP,
+    "config": "YAML training config (default training/configs/lora.yaml); flags below win",
+    "data": "Prepared data directory (default: the bundled pirate demo, prepared on first use)",
+    "model": "Model directory on the controller (default: SmolLM2-135M, fetched on first use)",
+    "iters": "Optimizer steps",
+    "batch_size": "GLOBAL batch size (divisible by the total slots)",
+    "extra": "More training flags, e.g. \"--learning-rate 2e-4 --num-layers 4\"",
+    "backend": "mpi (mpirun + hostfile, default) or ring (mlx.launch + hosts.json)",
+    "interface": "Interface MPI traffic is pinned to (default: the Thunderbolt interface)",
+    "btl_tcp_links": "TCP connections per peer for Open MPI (btl_tcp_links)",
+    "dry_run": "Print every command and touch no host"})
+def train(c, inventory=None, config=None, data=None, model=None, iters=None, batch_size=None,
+          extra="", backend="mpi", interface=None, btl_tcp_links=None, dry_run=False):
+    """Fine-tune on the cluster: sync data, code and model, mpirun on every slot, fetch results."""
+    if backend not in ("mpi", "ring"):
+        raise Exit(f"--backend must be mpi or ring, not {backend!r}")
+    inv = _inventory(c, inventory)
+    cluster, _ = _cluster(inv)
+    dtype = "float16" if all(n.os_family == "Darwin" for n in cluster.training_nodes) \
+        else "float32"
+    data_dir = Path(data) if data else REPO / "build" / "data" / "pirate"
+    model_dir = Path(model) if model else _default_model_dir(dtype)
+    config_path = Path(config).resolve() if config else None
+    if config_path and not config_path.is_file():
+        raise Exit(f"--config {config} does not exist")
+    if not dry_run:
+        if data is None and not (data_dir / "train.jsonl").exists():
+            data_prepare(c, output=str(data_dir))
+        if model is None and not (model_dir / "config.json").exists():
+            model_fetch(c, output=str(model_dir), dtype=dtype)
+    for path, what in ((data_dir, "data"), (model_dir, "model")):
+        if not dry_run and not path.is_dir():
+            raise Exit(f"--{what} {path} is not a directory")
+    overrides = shlex.split(extra)
+    if iters:
+        overrides += ["--iters", str(iters)]
+    if batch_size:
+        overrides += ["--batch-size", str(batch_size)]
+    run_id = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    steps, launch_cmd = train_plan(
+        cluster, run_id=run_id, data=data_dir.resolve(), model=model_dir.resolve(),
+        config=config_path, overrides=overrides, backend=backend, interface=interface,
+        btl_tcp_links=int(btl_tcp_links) if btl_tcp_links else None)
+    for label, cmd in steps:
+        if not dry_run and cmd[0] == "rsync" and (cluster.head.connection or {}).get("type") \
+                == "local":
+            Path(cmd[-1]).mkdir(parents=True, exist_ok=True)
+        _step(c, label, cmd, dry_run)
+    results = REPO / "runs" / run_id
+    pull_cmd = sync.pull(cluster.head, f"{sync.node_paths(cluster.head)['runs']}/{run_id}",
+                         results)
+    if dry_run:
+        print(f"# launch on {cluster.head.name}\n{commands.join(launch_cmd)}")
+        print(f"# bring the results back\n{commands.join(pull_cmd)}")
+        return
+    print(f"==> training on {cluster.world_size} ranks ({backend}); rank 0 reports:", flush=True)
+    start = time.perf_counter()
+    code = subprocess.run(launch_cmd, cwd=REPO).returncode
+    results.mkdir(parents=True, exist_ok=True)
+    subprocess.run(pull_cmd, cwd=REPO, capture_output=True)
+    (results / "run.json").write_text(json.dumps({
+        "inventory": inv, "model": str(model_dir.resolve()), "data": str(data_dir.resolve()),
+        "world_size": cluster.world_size, "backend": backend, "exit_code": code,
+        "wall_time_s": round(time.perf_counter() - start, 1),
+        "launch": commands.join(launch_cmd)}, indent=2) + "\n")
+    # summary.json is written last by rank 0: mlx.launch exits 0 even when a rank failed.
+    if code != 0 or not (results / "summary.json").exists():
+        raise Exit(f"training failed (exit {code}); what arrived is in {results}", code=code or 1)
+    if not (results / "loss.png").exists():
+        # Nodes need no matplotlib: the controller draws the plot from the metrics.
+        _python_module(c, "training.report", [str(results)])
+    _print_run_summary(results)
+
+
+def _print_run_summary(results: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"run {results.name}", show_header=False)
+    summary_file = results / "summary.json"
+    summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
+    for key, value in summary.items():
+        if not isinstance(value, (dict, list)):
+            table.add_row(key, str(value))
+    for name in ("adapters.safetensors", "metrics.jsonl", "loss.png", "config.yaml"):
+        table.add_row(name, str(results / name) if (results / name).exists() else "missing")
+    Console().print(table)
+
+
+def _latest_run() -> Path:
+    runs = sorted(p for p in (REPO / "runs").glob("2*") if (p / "adapters.safetensors").exists())
+    if not runs:
+        raise Exit("no finished run in runs/: run invoke train first, or pass --adapter")
+    return runs[-1]
+
+
+@task(help={"prompt": "What to ask", "adapter": "Run directory with adapters (default: latest)",
+            "model": "Base model directory (default: the run's model)",
+            "max_tokens": "Tokens to generate (default 120)"})
+def generate(c, prompt, adapter=None, model=None, max_tokens=120):
+    """Print the base model's and the fine-tuned model's answers side by side."""
+    run = Path(adapter) if adapter else _latest_run()
+    if model is None:
+        info = run / "run.json"
+        if not info.exists():
+            raise Exit(f"{run} has no run.json: pass --model <base model directory>")
+        model = json.loads(info.read_text())["model"]
+    from training.generate import side_by_side
+
+    side_by_side(Path(model), run, prompt, int(max_tokens))
+
+
 lab_ns = Collection("lab", lab_up, lab_down, lab_status)
 bench_ns = Collection("bench", bench_provision)
-ns = Collection(provision, hostfile, lint, test, lab_ns, bench_ns)
+data_ns = Collection("data", data_prepare)
+model_ns = Collection("model", model_fetch)
+ns = Collection(provision, hostfile, train, generate, lint, test, lab_ns, bench_ns, data_ns, model_ns)
 ns.configure({"cluster": {"inventory": "inventory/local/hosts.yml"},
               "lab": {"id": 0, "nodes": 3}})

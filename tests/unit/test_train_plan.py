@@ -1,0 +1,90 @@
+"""`invoke train --dry-run`: the sync steps and the launch line, from a recorded layout."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from mlxcluster import commands
+from mlxcluster.launch import Cluster
+
+REPO = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("project_tasks", REPO / "tasks.py")
+tasks = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tasks)
+
+
+def lab_layout() -> dict:
+    def node(i: int) -> dict:
+        return {"name": f"node{i}", "thunderbolt_ip": f"10.78.5.1{i}", "slots": 1,
+                "os_family": "Debian", "thunderbolt_interface": "bridge0",
+                "cluster_root": "/opt/mlx-cluster", "venv": "/opt/mlx-cluster/venv",
+                "env_file": "/opt/mlx-cluster/env.sh", "openmpi_prefix": "/usr",
+                "reachable": True,
+                "connection": {"type": "ssh", "host": f"10.77.5.1{i}", "user": "root",
+                               "private_key_file": "/k/id", "ssh_common_args": ""}}
+    return {"launcher": "node1", "nodes": [node(1), node(2)]}
+
+
+def test_plan_syncs_code_and_data_everywhere_and_fans_the_model_out_over_the_link():
+    steps, launch_cmd = tasks.train_plan(
+        Cluster.from_json(lab_layout()), run_id="r1", data=Path("/d/pirate"),
+        model=Path("/m/tiny"), config=None, overrides=["--iters", "5"], backend="mpi",
+        interface=None, btl_tcp_links=None)
+    labels = [label for label, _ in steps]
+    assert labels == ["sync code to node1", "sync data to node1", "sync code to node2",
+                      "sync data to node2", "copy the model to node1",
+                      "fan the model out from node1 over the cluster link",
+                      "verify the model's checksums on node1", "verify the model's checksums on node2"]
+    fan = commands.join(steps[5][1])
+    assert "root@10.77.5.11" in fan and "10.78.5.12:/opt/mlx-cluster/models/tiny/" in fan
+    line = launch_cmd[-1]
+    assert launch_cmd[:3] == ["ssh", "-o", "BatchMode=yes"]
+    assert line.startswith(". /opt/mlx-cluster/env.sh && cd /opt/mlx-cluster/work && ")
+    assert ("/usr/bin/mpirun --allow-run-as-root --hostfile /opt/mlx-cluster/hostfile -np 2 "
+            "--mca btl_tcp_if_include bridge0 --mca oob_tcp_if_include bridge0") in line
+    assert line.endswith("--wdir /opt/mlx-cluster/work /opt/mlx-cluster/venv/bin/python -m "
+                         "training.finetune --model /opt/mlx-cluster/models/tiny --data "
+                         "/opt/mlx-cluster/work/data/pirate --adapter-path "
+                         "/opt/mlx-cluster/runs/r1 --expected-world-size 2 --iters 5")
+
+
+def test_ring_backend_uses_mlx_launch_and_the_rendered_hosts_json():
+    _, launch_cmd = tasks.train_plan(
+        Cluster.from_json(lab_layout()), run_id="r1", data=Path("/d/p"), model=Path("/m/t"),
+        config=Path("/c/my.yaml"), overrides=[], backend="ring", interface=None,
+        btl_tcp_links=None)
+    line = launch_cmd[-1]
+    assert "/opt/mlx-cluster/venv/bin/mlx.launch --backend ring --hostfile " \
+           "/opt/mlx-cluster/hosts.json" in line
+    assert "--config /opt/mlx-cluster/work/config/my.yaml" in line
+
+
+def test_dry_run_prints_the_commands_and_touches_no_host(tmp_path):
+    inventory = tmp_path / "lab7" / "inventory" / "hosts.yml"
+    inventory.parent.mkdir(parents=True)
+    inventory.write_text("cluster: {}\n")
+    build = commands.build_dir_for(inventory)
+    build.mkdir(parents=True, exist_ok=True)
+    try:
+        (build / "cluster.json").write_text(json.dumps(lab_layout()))
+        (build / "hostfile").write_text("10.78.5.11 slots=1\n10.78.5.12 slots=1\n")
+        proc = subprocess.run([str(Path(sys.executable).parent / "invoke"), "train", "-i",
+                               str(inventory), "--dry-run", "--data", "/d/p", "--model", "/m/t"],
+                              cwd=REPO, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        assert "# launch on node1" in proc.stdout and "mpirun" in proc.stdout
+        assert "==>" not in proc.stdout  # nothing ran
+        (build / "hostfile").write_text("10.78.5.11 slots=1\n")
+        proc = subprocess.run([str(Path(sys.executable).parent / "invoke"), "train", "-i",
+                               str(inventory), "--dry-run"], cwd=REPO, capture_output=True,
+                              text=True)
+        assert proc.returncode != 0
+        assert "does not match the inventory" in proc.stderr
+    finally:
+        for f in build.iterdir():
+            f.unlink()
+        build.rmdir()

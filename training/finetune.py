@@ -1,0 +1,790 @@
+"""LoRA fine-tuning on every rank of the cluster, built on mlx-lm's trainer.
+
+    python -m training.finetune [--config training/configs/lora.yaml] [--iters 200 ...]
+    mpirun --hostfile HOSTFILE -np N python -m training.finetune --config FILE --expected-world-size N
+    mlx.launch --backend ring --hostfile hosts.json -- python -m training.finetune --config FILE
+
+Every rank runs this same command. Settings come from the defaults below, overridden by the YAML
+file given with `--config` (`training/configs/lora.yaml` documents every key), overridden by the
+command line flags (one per key: `--batch-size 8`, `--grad-checkpoint` / `--no-grad-checkpoint`).
+
+mlx-lm's trainer already does the data parallelism, so this module does not redo it: each rank gets
+every N-th example of each global batch (`batch_size` is the GLOBAL batch and must be divisible by
+the world size), gradients are averaged across ranks by the trainer (never average them again),
+losses and token counts are summed across ranks, and only rank 0 saves adapters.
+
+What this adds:
+- a loud distributed start: `mx.distributed.init(strict=True)` with the launcher's backend, and a
+  check that the ranks MLX joined are as many as expected (`--expected-world-size`, or the size the
+  launcher announces), instead of N processes each silently training alone;
+- the same seeds on every rank (mx for the LoRA init and dropout, numpy for the batch order);
+- on rank 0 only: a progress bar (plain lines when stdout is not a terminal, as under mpirun),
+  `metrics.jsonl`, `config.yaml` (the resolved settings: `--config` it to run again),
+  `adapter_config.json` as mlx-lm writes it, `loss.png` and `summary.json`, next to the adapters.
+
+A resumed run (`resume_adapter_file`) starts from the saved adapter weights; the optimizer state and
+the iteration count start afresh, as in mlx-lm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import difflib
+import json
+import os
+import sys
+import time
+import types
+import typing
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+import yaml
+from mlx.utils import tree_flatten
+from mlx_lm import load
+from mlx_lm.tuner import trainer
+from mlx_lm.tuner.callbacks import TrainingCallback
+from mlx_lm.tuner.datasets import CacheDataset, load_local_dataset
+from mlx_lm.tuner.utils import build_schedule, linear_to_lora_layers, print_trainable_parameters
+from mlx_lm.utils import save_config
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from training import report
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "lora.yaml"
+LR_SCHEDULES = ("none", "cosine")
+# What rank 0 leaves in adapter_path, besides the <step>_adapters.safetensors checkpoints.
+OUTPUT_FILES = (
+    "adapters.safetensors",
+    "adapter_config.json",
+    "config.yaml",
+    "metrics.jsonl",
+    "loss.png",
+    "summary.json",
+)
+
+
+class ConfigError(ValueError):
+    """Settings that cannot be trained with; the message names the key and what is wrong."""
+
+
+class DistributedError(RuntimeError):
+    """The ranks did not come together as expected; the message says how many and why."""
+
+    def __init__(self, message: str, group: Group | None = None):
+        super().__init__(message)
+        self.group = group  # the ranks that did join, if any
+
+
+class Group(Protocol):
+    """What this module needs of `mx.distributed.Group` (tests pass a stand-in)."""
+
+    def rank(self) -> int: ...
+
+    def size(self) -> int: ...
+
+
+# --- settings ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    model: str = field(default="models/base", metadata={"help": "mlx-lm model directory (or hub id)"})
+    data: str = field(
+        default="data/prepared", metadata={"help": "directory with train.jsonl and valid.jsonl (chat format)"}
+    )
+    adapter_path: str = field(default="adapters", metadata={"help": "output directory of rank 0"})
+    iters: int = field(default=200, metadata={"help": "optimizer steps"})
+    batch_size: int = field(
+        default=4, metadata={"help": "GLOBAL batch: examples per step over all ranks; divisible by them"}
+    )
+    learning_rate: float = field(
+        default=1e-4, metadata={"help": "Adam learning rate (peak, with a schedule)"}
+    )
+    lr_schedule: str = field(default="none", metadata={"help": f"one of {', '.join(LR_SCHEDULES)}"})
+    warmup_steps: int = field(default=0, metadata={"help": "steps of linear warmup from 0"})
+    lora_rank: int = field(default=8, metadata={"help": "rank of the LoRA matrices"})
+    lora_scale: float = field(default=20.0, metadata={"help": "LoRA output scale (PEFT's alpha / rank)"})
+    lora_dropout: float = field(default=0.0, metadata={"help": "dropout on the LoRA input"})
+    num_layers: int = field(default=8, metadata={"help": "last layers to adapt; -1 for all"})
+    max_seq_length: int = field(default=2048, metadata={"help": "longer examples are truncated"})
+    mask_prompt: bool = field(default=False, metadata={"help": "learn only the assistant's last reply"})
+    steps_per_report: int = field(default=10, metadata={"help": "steps between train loss reports"})
+    steps_per_eval: int = field(default=50, metadata={"help": "steps between validations"})
+    val_batches: int = field(default=25, metadata={"help": "batches per validation; -1 for all"})
+    save_every: int = field(default=100, metadata={"help": "steps between adapter checkpoints"})
+    seed: int = field(default=0, metadata={"help": "seed of LoRA init, dropout and batch order"})
+    grad_checkpoint: bool = field(default=False, metadata={"help": "recompute activations to save memory"})
+    resume_adapter_file: str | None = field(
+        default=None, metadata={"help": "adapters.safetensors to start from"}
+    )
+
+
+CONFIG_KEYS = tuple(f.name for f in dataclasses.fields(FinetuneConfig))
+_TYPES = typing.get_type_hints(FinetuneConfig)
+
+
+def _coerce(key: str, value: Any, source: str) -> Any:
+    """`value` as the type of `key`, or a ConfigError naming the key and where it came from."""
+    kind = _TYPES[key]
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{source}: {key} must be true or false, got {value!r}")
+    if kind is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{source}: {key} must be an integer, got {value!r}")
+    if kind is float:
+        # PyYAML reads 1e-5 (no dot) as a string.
+        if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+            with contextlib.suppress(ValueError):
+                return float(value)
+        raise ConfigError(f"{source}: {key} must be a number, got {value!r}")
+    if value is None and kind == (str | None):
+        return None
+    if isinstance(value, str):
+        return value
+    raise ConfigError(f"{source}: {key} must be a string, got {value!r}")
+
+
+def merge_config(
+    file_values: Mapping[str, Any], cli_values: Mapping[str, Any], source: str = "config"
+) -> FinetuneConfig:
+    """Defaults, overridden by a config file's values, overridden by command line values.
+
+    Unknown keys in the file are an error (a typo would otherwise be ignored silently); a CLI value
+    of None means "not given".
+    """
+    unknown = [key for key in file_values if key not in CONFIG_KEYS]
+    if unknown:
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(str(key), CONFIG_KEYS, n=1)
+            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise ConfigError(f"{source}: unknown key {', '.join(hints)}; known keys: {', '.join(CONFIG_KEYS)}")
+    values = {key: _coerce(key, value, source) for key, value in file_values.items()}
+    values |= {
+        key: _coerce(key, value, "command line") for key, value in cli_values.items() if value is not None
+    }
+    return FinetuneConfig(**values)
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """The mapping a YAML config file holds (an empty file is an empty mapping)."""
+    try:
+        values = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path}: a config file must hold a mapping of keys to values")
+    return values
+
+
+def config_problems(config: FinetuneConfig, world_size: int = 1) -> list[str]:
+    """Everything wrong with the settings for a run on `world_size` ranks (empty when all is well)."""
+    problems = []
+    for key in ("model", "data", "adapter_path"):
+        if not getattr(config, key):
+            problems.append(f"{key} must not be empty")
+    at_least_one = ("iters", "batch_size", "lora_rank", "steps_per_report", "steps_per_eval", "save_every")
+    for key in at_least_one:
+        if getattr(config, key) < 1:
+            problems.append(f"{key} must be at least 1, got {getattr(config, key)}")
+    for key in ("num_layers", "val_batches"):
+        if getattr(config, key) != -1 and getattr(config, key) < 1:
+            problems.append(f"{key} must be -1 (all) or at least 1, got {getattr(config, key)}")
+    if config.batch_size >= 1 and config.batch_size % world_size != 0:
+        multiple = -(-config.batch_size // world_size) * world_size
+        problems.append(
+            f"batch_size {config.batch_size} is not divisible by the world size {world_size}: mlx-lm "
+            f"gives each rank batch_size / world size examples of every global batch "
+            f"(use a multiple of {world_size}, e.g. {multiple})"
+        )
+    if not config.learning_rate > 0:
+        problems.append(f"learning_rate must be positive, got {config.learning_rate}")
+    if not config.lora_scale > 0:
+        problems.append(f"lora_scale must be positive, got {config.lora_scale}")
+    if config.lr_schedule not in LR_SCHEDULES:
+        problems.append(f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {config.lr_schedule!r}")
+    if not 0 <= config.warmup_steps < max(config.iters, 1):
+        problems.append(f"warmup_steps must be at least 0 and less than iters, got {config.warmup_steps}")
+    if not 0 <= config.lora_dropout < 1:
+        problems.append(f"lora_dropout must be in [0, 1), got {config.lora_dropout}")
+    if config.max_seq_length < 2:
+        problems.append(f"max_seq_length must be at least 2, got {config.max_seq_length}")
+    if not 0 <= config.seed < 2**32:
+        problems.append(f"seed must be in [0, 2**32), got {config.seed}")
+    return problems
+
+
+def validate_config(config: FinetuneConfig, world_size: int = 1) -> None:
+    if problems := config_problems(config, world_size):
+        raise ConfigError("invalid settings:\n  " + "\n  ".join(problems))
+
+
+def lr_schedule_config(config: FinetuneConfig) -> dict[str, Any] | None:
+    """mlx-lm's `lr_schedule` (for `build_schedule` and adapter_config.json); None: a constant rate."""
+    lr = config.learning_rate
+    if config.lr_schedule == "cosine":
+        # From the peak after warmup down towards 0 at the last step.
+        schedule: dict[str, Any] = {
+            "name": "cosine_decay",
+            "arguments": [lr, max(config.iters - config.warmup_steps, 1), 0.0],
+        }
+    elif config.warmup_steps:
+        schedule = {"name": "linear_schedule", "arguments": [lr, lr, 1]}  # constant after warmup
+    else:
+        return None
+    if config.warmup_steps:
+        schedule |= {"warmup": config.warmup_steps, "warmup_init": 0.0}
+    return schedule
+
+
+def mlx_lm_args(config: FinetuneConfig) -> dict[str, Any]:
+    """The settings under `mlx_lm.lora`'s names, as it writes adapter_config.json.
+
+    `mlx_lm.load(..., adapter_path=...)`, `mlx_lm.generate --adapter-path` and `mlx_lm.fuse` read
+    fine_tune_type, num_layers and lora_parameters from it.
+    """
+    return {
+        "model": config.model,
+        "data": config.data,
+        "fine_tune_type": "lora",
+        "optimizer": "adam",
+        "num_layers": config.num_layers,
+        "lora_parameters": {
+            "rank": config.lora_rank,
+            "scale": config.lora_scale,
+            "dropout": config.lora_dropout,
+        },
+        "batch_size": config.batch_size,
+        "iters": config.iters,
+        "learning_rate": config.learning_rate,
+        "lr_schedule": lr_schedule_config(config),
+        "val_batches": config.val_batches,
+        "steps_per_report": config.steps_per_report,
+        "steps_per_eval": config.steps_per_eval,
+        "save_every": config.save_every,
+        "max_seq_length": config.max_seq_length,
+        "mask_prompt": config.mask_prompt,
+        "grad_checkpoint": config.grad_checkpoint,
+        "resume_adapter_file": config.resume_adapter_file,
+        "adapter_path": config.adapter_path,
+        "seed": config.seed,
+    }
+
+
+# --- distributed start -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Launch:
+    backend: str  # "mpi" or "ring": the MLX backend that talks to the launcher's other ranks
+    size: int  # the ranks the launcher started
+
+
+def detect_launch(environ: Mapping[str, str]) -> Launch | None:
+    """The launcher that started this process, from the environment it set; None: started by hand.
+
+    mpirun (Open MPI) sets OMPI_COMM_WORLD_SIZE; `mlx.launch --backend ring` sets MLX_RANK and
+    MLX_HOSTFILE, a file listing the ranks' addresses (empty with one host).
+    """
+    if "OMPI_COMM_WORLD_SIZE" in environ:
+        return Launch("mpi", int(environ["OMPI_COMM_WORLD_SIZE"]))
+    if "MLX_RANK" in environ and "MLX_HOSTFILE" in environ:
+        text = Path(environ["MLX_HOSTFILE"]).read_text().strip()
+        return Launch("ring", len(json.loads(text)) if text else 1)
+    return None
+
+
+def world_size_problem(
+    group: Group, expected: int | None, expected_from: str = "the hostfile's slots"
+) -> str | None:
+    """Why the joined ranks are not the expected ones (None when they are, or nothing is expected)."""
+    size = group.size()
+    if expected is None or size == expected:
+        return None
+    message = (
+        f"rank {group.rank()}: MLX joined {size} process(es) but {expected} were expected ({expected_from}). "
+    )
+    if size == 1:
+        return message + (
+            "Each process would train alone. Likely causes: MLX could not load the MPI library "
+            "(on Linux set MLX_MPI_LIBNAME=libmpi.so.40, on macOS DYLD_LIBRARY_PATH=/opt/homebrew/lib, "
+            "and pass them with mpirun -x), or the script was not started by mpirun / mlx.launch."
+        )
+    return message + (
+        "Likely cause: the launcher was given another hostfile or number of ranks (mpirun -np) than "
+        "the one counted."
+    )
+
+
+def check_world_size(group: Group, expected: int | None, expected_from: str = "the hostfile's slots") -> None:
+    if problem := world_size_problem(group, expected, expected_from):
+        raise DistributedError(problem, group)
+
+
+def init_distributed(
+    environ: Mapping[str, str], expected_world_size: int | None, init: Callable[..., Any] | None = None
+) -> Any:
+    """The distributed group of this run, checked against the expected number of ranks.
+
+    Under a launcher of several ranks MLX must join them (strict: a missing MPI library is an error,
+    not a silent group of one); started by hand, it is a group of one.
+    """
+    init = init or mx.distributed.init
+    launch = detect_launch(environ)
+    if launch is not None and launch.size > 1:
+        try:
+            group = init(strict=True, backend=launch.backend)
+        except RuntimeError as error:
+            hint = ""
+            if launch.backend == "mpi":
+                hint = (
+                    " Is libmpi loadable (MLX_MPI_LIBNAME=libmpi.so.40 on Linux, "
+                    "DYLD_LIBRARY_PATH=/opt/homebrew/lib on macOS)?"
+                )
+            raise DistributedError(
+                f"MLX could not join the {launch.size} ranks {launch.backend} started: {error}.{hint}"
+            ) from None
+    else:
+        group = init()
+    if expected_world_size is not None:
+        check_world_size(group, expected_world_size)
+    elif launch is not None:
+        check_world_size(group, launch.size, f"the ranks {launch.backend} started")
+    return group
+
+
+# --- progress and metrics (rank 0) -------------------------------------------------------------------
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def train_line(record: Mapping[str, Any], total: int, eta_seconds: float | None) -> str:
+    eta = "" if eta_seconds is None else f"  eta {_duration(eta_seconds)}"
+    return (
+        f"iter {record['iteration']:>{len(str(total))}}/{total}  loss {record['train_loss']:.3f}"
+        f"  lr {record['learning_rate']:.2e}  {record['tokens_per_second']:,.0f} tok/s"
+        f"  {record['iterations_per_second']:.2f} it/s  peak {record['peak_memory_gb']:.2f} GB{eta}"
+    )
+
+
+def val_line(record: Mapping[str, Any], total: int) -> str:
+    return (
+        f"iter {record['iteration']:>{len(str(total))}}/{total}  val_loss {record['val_loss']:.3f}"
+        f"  ({record['val_time']:.1f} s)"
+    )
+
+
+class ProgressDisplay:
+    """What rank 0 shows while training; silent on other ranks (console None).
+
+    On a terminal: a rich progress bar (iteration, losses, tokens/s, peak memory, ETA) under the
+    report lines. Elsewhere (mpirun pipes stdout back to the launcher): the report lines alone, each
+    flushed as it is printed so that progress streams back line by line.
+
+    It also stands in for mlx-lm's TrainUI during `trainer.train` (same methods), whose output would
+    otherwise be printed besides this one, with colour codes even into a pipe.
+    """
+
+    def __init__(
+        self, total_iters: int, console: Console | None, clock: Callable[[], float] = time.monotonic
+    ):
+        self.total = total_iters
+        self.console = console
+        self.clock = clock
+        self.started = clock()
+        self.iteration = 0
+        self.progress: Progress | None = None
+        if console is not None and console.is_terminal:
+            self.progress = Progress(
+                TextColumn("{task.description:<5}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[stats]}"),
+                TimeRemainingColumn(),
+                console=console,
+            )
+            self.task = self.progress.add_task("train", total=total_iters, stats="")
+        self.stats = {"loss": "-", "val": "-", "tok/s": "-", "peak": "-"}
+
+    def __enter__(self) -> ProgressDisplay:
+        self.started = self.clock()
+        if self.progress is not None:
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+    def print(self, line: str) -> None:
+        if self.console is not None:
+            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+            self.console.file.flush()
+
+    def eta(self, iteration: int) -> float | None:
+        if iteration <= 0:
+            return None
+        return (self.clock() - self.started) / iteration * (self.total - iteration)
+
+    def show_train(self, record: Mapping[str, Any]) -> None:
+        self.print(train_line(record, self.total, self.eta(record["iteration"])))
+        self.stats |= {
+            "loss": f"{record['train_loss']:.3f}",
+            "tok/s": f"{record['tokens_per_second']:,.0f}",
+            "peak": f"{record['peak_memory_gb']:.2f} GB",
+        }
+        self._update_stats()
+
+    def show_val(self, record: Mapping[str, Any]) -> None:
+        self.print(val_line(record, self.total))
+        self.stats["val"] = f"{record['val_loss']:.3f}"
+        self._update_stats()
+
+    def _update_stats(self) -> None:
+        if self.progress is not None:
+            stats = "  ".join(f"{name} {value}" for name, value in self.stats.items())
+            self.progress.update(self.task, stats=stats)
+
+    # mlx-lm's TrainUI interface; the callback reports the numbers, with more of them.
+    def advance(self) -> None:
+        self.iteration += 1
+        if self.progress is not None:
+            self.progress.advance(self.task)
+
+    def report_train(self, *args: object) -> None:
+        pass
+
+    def report_val(self, *args: object) -> None:
+        pass
+
+    def report_save(self, checkpoint: Path) -> None:
+        self.print(f"iter {self.iteration:>{len(str(self.total))}}/{self.total}  saved {checkpoint}")
+
+    @contextlib.contextmanager
+    def val_task(self, total: int) -> Iterator[Callable[[], None]]:
+        if self.progress is None:
+            yield lambda: None
+            return
+        task = self.progress.add_task("val", total=total, stats="")
+        try:
+            yield lambda: self.progress.advance(task)  # type: ignore[union-attr]
+        finally:
+            self.progress.remove_task(task)
+
+
+def _peak_memory_gb() -> float:
+    return mx.get_peak_memory() / 1e9
+
+
+class MetricsCallback(TrainingCallback):
+    """Writes each train report and validation as one JSON line of `metrics_file`, on rank 0 only.
+
+    The trainer calls it on every rank with the same global numbers (it sums losses and tokens
+    across ranks first); other ranks keep the records in memory and write nothing.
+    """
+
+    def __init__(
+        self,
+        group: Group,
+        metrics_file: Path,
+        display: ProgressDisplay | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        peak_memory_gb: Callable[[], float] = _peak_memory_gb,
+    ):
+        self.writes = group.rank() == 0
+        self.world_size = group.size()
+        self.metrics_file = metrics_file
+        self.display = display
+        self.clock = clock
+        self.peak_memory_gb = peak_memory_gb
+        self.started = clock()
+        self.records: list[dict[str, Any]] = []
+        self._last_iteration = 0
+        self._last_tokens = 0
+        if self.writes:
+            metrics_file.parent.mkdir(parents=True, exist_ok=True)
+            metrics_file.write_text("")
+
+    def _write(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+        if self.writes:
+            with self.metrics_file.open("a", encoding="utf-8") as out:
+                out.write(json.dumps(record) + "\n")
+
+    def on_train_loss_report(self, info: Mapping[str, Any]) -> None:
+        iteration, tokens = int(info["iteration"]), int(info["trained_tokens"])
+        tokens_per_second = float(info["tokens_per_second"])
+        # mlx-lm measures the time of the steps since the last report; its iterations_per_second
+        # assumes steps_per_report of them, one report too many when iters is not a multiple.
+        train_time = (tokens - self._last_tokens) / tokens_per_second if tokens_per_second > 0 else 0.0
+        steps = iteration - self._last_iteration
+        record = {
+            "iteration": iteration,
+            "train_loss": float(info["train_loss"]),
+            "learning_rate": float(info["learning_rate"]),
+            "tokens_per_second": tokens_per_second,
+            "iterations_per_second": steps / train_time if train_time > 0 else 0.0,
+            "trained_tokens": tokens,
+            "train_time": train_time,
+            "peak_memory_gb": float(info["peak_memory"]),
+            "world_size": self.world_size,
+            "wall_time": self.clock() - self.started,
+        }
+        self._last_iteration, self._last_tokens = iteration, tokens
+        self._write(record)
+        if self.display is not None:
+            self.display.show_train(record)
+
+    def on_val_loss_report(self, info: Mapping[str, Any]) -> None:
+        record = {
+            "iteration": int(info["iteration"]),
+            "val_loss": float(info["val_loss"]),
+            "val_time": float(info["val_time"]),
+            "peak_memory_gb": self.peak_memory_gb(),
+            "world_size": self.world_size,
+            "wall_time": self.clock() - self.started,
+        }
+        self._write(record)
+        if self.display is not None:
+            self.display.show_val(record)
+
+
+# --- the run ---------------------------------------------------------------------------------------
+
+
+def check_inputs(config: FinetuneConfig) -> None:
+    """Files the run reads, checked before the model loads."""
+    data = Path(config.data)
+    if not (data / "train.jsonl").is_file():
+        raise ConfigError(f"data: {data} has no train.jsonl (python -m training.prepare writes one)")
+    if config.resume_adapter_file and not Path(config.resume_adapter_file).is_file():
+        raise ConfigError(f"resume_adapter_file: {config.resume_adapter_file} does not exist")
+
+
+def load_data(config: FinetuneConfig, tokenizer: Any) -> tuple[Any, Any]:
+    """The train and valid sets (valid possibly empty), sized for the global batch."""
+    train_set, valid_set, _ = load_local_dataset(
+        Path(config.data), tokenizer, types.SimpleNamespace(mask_prompt=config.mask_prompt)
+    )
+    # mlx-lm's batching needs a whole global batch of each set.
+    for name, dataset in (("train", train_set), ("valid", valid_set)):
+        if 0 < len(dataset) < config.batch_size or (name == "train" and not dataset):
+            raise ConfigError(
+                f"data: {name}.jsonl has {len(dataset)} examples, fewer than batch_size {config.batch_size}"
+            )
+    return train_set, valid_set
+
+
+def resume_from(model: nn.Module, path: str) -> None:
+    """Load saved adapter weights, which must be exactly this model's trainable parameters."""
+    weights = mx.load(path)
+    assert isinstance(weights, dict)
+    params = dict(tree_flatten(model.trainable_parameters()))
+    problems = [f"{name}: not a LoRA parameter of this model" for name in weights if name not in params]
+    problems += [f"{name}: missing" for name in params if name not in weights]
+    problems += [
+        f"{name}: shape {tuple(w.shape)}, the model's is {tuple(params[name].shape)}"
+        for name, w in weights.items()
+        if name in params and w.shape != params[name].shape
+    ]
+    if problems:
+        shown = problems[:5] + ([f"... and {len(problems) - 5} more"] if len(problems) > 5 else [])
+        raise ConfigError(
+            f"resume_adapter_file: {path} does not fit (other lora_rank or num_layers?):\n  "
+            + "\n  ".join(shown)
+        )
+    model.load_weights(list(weights.items()), strict=False)
+
+
+@contextlib.contextmanager
+def _replaced(owner: object, name: str, value: object) -> Iterator[None]:
+    original = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+def run(config: FinetuneConfig, group: Any, console: Console | None = None) -> dict[str, Any] | None:
+    """Train on this rank; rank 0 writes the outputs and returns the summary."""
+    rank0 = group.rank() == 0
+    started = time.monotonic()
+    model, tokenizer = load(config.model)
+    if config.num_layers > len(model.layers):
+        raise ConfigError(f"num_layers {config.num_layers}: the model has only {len(model.layers)} layers")
+    train_set, valid_set = load_data(config, tokenizer)
+    # Tokenized once, on first use, for the training loop and the last validation alike.
+    valid = CacheDataset(valid_set) if valid_set else None
+
+    # Same seeds on every rank: the LoRA matrices start equal everywhere (mlx), and every rank
+    # walks the global batches in the same order (mlx-lm's batching shuffles with numpy's global RNG).
+    mx.random.seed(config.seed)
+    np.random.seed(config.seed)
+    model.freeze()
+    args = mlx_lm_args(config)
+    linear_to_lora_layers(model, config.num_layers, args["lora_parameters"])
+    if config.resume_adapter_file:
+        resume_from(model, config.resume_adapter_file)
+    print_trainable_parameters(model)
+
+    out = Path(config.adapter_path)
+    if rank0:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.yaml").write_text(yaml.safe_dump(asdict(config), sort_keys=False))
+        save_config(args, out / "adapter_config.json")
+        if not valid_set:
+            print(
+                f"warning: {config.data} has no valid.jsonl examples: training without validation", flush=True
+            )
+
+    schedule = lr_schedule_config(config)
+    optimizer = optim.Adam(learning_rate=build_schedule(schedule) if schedule else config.learning_rate)
+    display = ProgressDisplay(config.iters, (console or Console()) if rank0 else None)
+    callback = MetricsCallback(group, out / "metrics.jsonl", display)
+    training_args = trainer.TrainingArgs(
+        batch_size=config.batch_size,
+        iters=config.iters,
+        val_batches=config.val_batches,
+        steps_per_report=config.steps_per_report,
+        steps_per_eval=config.steps_per_eval,
+        steps_per_save=config.save_every,
+        max_seq_length=config.max_seq_length,
+        adapter_file=str(out / "adapters.safetensors"),
+        grad_checkpoint=config.grad_checkpoint,
+    )
+    with _replaced(trainer, "TrainUI", lambda *_, **__: display):
+        trainer.train(
+            model=model,
+            optimizer=optimizer,
+            train_dataset=CacheDataset(train_set),
+            val_dataset=valid,
+            args=training_args,
+            training_callback=callback,
+        )
+    # mlx-lm's last validation runs before the last step: validate the adapters it saved.
+    if valid is not None:
+        tic = time.perf_counter()
+        val_loss = trainer.evaluate(
+            model=model,
+            dataset=valid,
+            batch_size=config.batch_size,
+            num_batches=config.val_batches,
+            max_seq_length=config.max_seq_length,
+        )
+        callback.on_val_loss_report(
+            {"iteration": config.iters, "val_loss": val_loss, "val_time": time.perf_counter() - tic}
+        )
+    if not rank0:
+        return None
+    summary = report.summarize(callback.records, wall_time=time.monotonic() - started)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    try:
+        report.plot_losses(callback.records, out / "loss.png")
+    except ImportError:
+        print(
+            f"warning: matplotlib is not installed here: no loss.png (python -m training.report {out} "
+            "draws it where it is)",
+            flush=True,
+        )
+    display.print(
+        f"done: {summary['iterations']} iterations on {summary['world_size']} "
+        f"rank{'s' if summary['world_size'] > 1 else ''} in "
+        f"{_duration(summary['wall_time'])}, train loss {summary['final_train_loss']:.3f}"
+        + (f", val loss {summary['final_val_loss']:.3f}" if summary["final_val_loss"] is not None else "")
+        + f", {summary['tokens_per_second']:,.0f} tok/s; adapters in {out}"
+    )
+    return summary
+
+
+# --- command line ----------------------------------------------------------------------------------
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, not {text!r}")
+    return int(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m training.finetune",
+        description="LoRA fine-tuning with mlx-lm, on one process or every rank of mpirun / mlx.launch. "
+        "Settings: defaults < --config FILE < flags.",
+    )
+    parser.add_argument(
+        "--config", help=f"YAML settings file (every key documented in {DEFAULT_CONFIG.name})"
+    )
+    parser.add_argument(
+        "--expected-world-size",
+        type=_positive_int,
+        help="ranks the launcher starts (the hostfile's total slots): any other number stops every rank",
+    )
+    defaults = FinetuneConfig()
+    for f in dataclasses.fields(FinetuneConfig):
+        kind = _TYPES[f.name]
+        help_text = f"{f.metadata['help']} (default: {getattr(defaults, f.name)})"
+        flag = "--" + f.name.replace("_", "-")
+        if kind is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        else:
+            parser.add_argument(
+                flag, type=kind if kind in (int, float) else str, default=None, help=help_text
+            )
+    return parser
+
+
+def cli_values(args: argparse.Namespace) -> dict[str, Any]:
+    return {key: getattr(args, key) for key in CONFIG_KEYS if getattr(args, key) is not None}
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    environ = os.environ if environ is None else environ
+    # Piped stdout (mpirun, mlx.launch) is block-buffered: progress must stream back line by line.
+    if reconfigure := getattr(sys.stdout, "reconfigure", None):
+        reconfigure(line_buffering=True)
+    prefix = ""
+    try:
+        file_values = load_config_file(args.config) if args.config else {}
+        config = merge_config(file_values, cli_values(args), source=args.config or "defaults")
+        group = init_distributed(environ, args.expected_world_size)
+        if group.size() > 1:
+            prefix = f"rank {group.rank()}: "
+        validate_config(config, group.size())
+        check_inputs(config)
+        run(config, group)
+    except ConfigError as error:
+        print(f"{prefix}error: {error}", file=sys.stderr, flush=True)
+        return 2
+    except DistributedError as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        # Launchers kill every rank once one exits with an error: wait until all have said why.
+        if error.group is not None and error.group.size() > 1:
+            mx.eval(mx.distributed.all_sum(mx.array(0), group=error.group, stream=mx.cpu))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
