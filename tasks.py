@@ -251,7 +251,8 @@ def _step(c: Context, label: str, cmd: list[str], dry_run: bool) -> None:
 
 def train_plan(cluster: launch.Cluster, *, run_id: str, data: Path, model: Path,
                config: Path | None, overrides: list[str], backend: str,
-               interface: str | None, btl_tcp_links: int | None) -> tuple[list, list[str]]:
+               interface: str | None, btl_tcp_links: int | None,
+               interactive: bool = False) -> tuple[list, list[str]]:
     """(sync steps, launch command) of one training run: plain data, printed by --dry-run."""
     head = cluster.head
     paths = sync.node_paths(head)
@@ -281,6 +282,9 @@ def train_plan(cluster: launch.Cluster, *, run_id: str, data: Path, model: Path,
         program[3:3] = ["--config", f"{paths['work']}/config/{config.name}"]
     program += overrides
     env = {"HF_HUB_OFFLINE": "1"}
+    if not interactive:
+        # Open MPI gives ranks a pty: without this rank 0 would draw a progress bar into a log.
+        env["TTY_COMPATIBLE"] = "0"
     if max(n.slots for n in cluster.training_nodes) > 1:
         env["OPENBLAS_NUM_THREADS"] = "1"  # several ranks share a machine's cores
     if backend == "ring":
@@ -295,7 +299,7 @@ def train_plan(cluster: launch.Cluster, *, run_id: str, data: Path, model: Path,
             interface=interface, btl_tcp_links=btl_tcp_links, env=env,
             allow_run_as_root=_is_root(head), extra=["--wdir", paths["work"]]))
     line = launch.on_launcher(cluster, launcher_cmd, workdir=paths["work"])
-    return steps, launch.ssh_command(head, line, tty=sys.stdin.isatty())
+    return steps, launch.ssh_command(head, line, tty=interactive)
 
 
 @task(help={
@@ -341,7 +345,8 @@ def train(c, inventory=None, config=None, data=None, model=None, iters=None, bat
     steps, launch_cmd = train_plan(
         cluster, run_id=run_id, data=data_dir.resolve(), model=model_dir.resolve(),
         config=config_path, overrides=overrides, backend=backend, interface=interface,
-        btl_tcp_links=int(btl_tcp_links) if btl_tcp_links else None)
+        btl_tcp_links=int(btl_tcp_links) if btl_tcp_links else None,
+        interactive=sys.stdin.isatty() and sys.stdout.isatty())
     for label, cmd in steps:
         if not dry_run and cmd[0] == "rsync" and (cluster.head.connection or {}).get("type") \
                 == "local":

@@ -626,6 +626,15 @@ def _replaced(owner: object, name: str, value: object) -> Iterator[None]:
         setattr(owner, name, original)
 
 
+def weight_spread_across_ranks(model: nn.Module, group: Any) -> float:
+    """Largest difference between any rank's trainable weights and rank 0's (0.0 alone)."""
+    if group.size() == 1:
+        return 0.0
+    flat = mx.concatenate([p.flatten() for _, p in tree_flatten(model.trainable_parameters())])
+    gathered = mx.distributed.all_gather(flat[None].astype(mx.float32), group=group, stream=mx.cpu)
+    return float(mx.max(mx.abs(gathered - gathered[:1])).item())
+
+
 def run(config: FinetuneConfig, group: Any, console: Console | None = None) -> dict[str, Any] | None:
     """Train on this rank; rank 0 writes the outputs and returns the summary."""
     rank0 = group.rank() == 0
@@ -695,9 +704,12 @@ def run(config: FinetuneConfig, group: Any, console: Console | None = None) -> d
         callback.on_val_loss_report(
             {"iteration": config.iters, "val_loss": val_loss, "val_time": time.perf_counter() - tic}
         )
+    # Every rank must end with the same LoRA weights (mlx-lm averages the gradients): check it.
+    spread = weight_spread_across_ranks(model, group)
     if not rank0:
         return None
     summary = report.summarize(callback.records, wall_time=time.monotonic() - started)
+    summary["max_weight_difference_across_ranks"] = spread
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     try:
         report.plot_losses(callback.records, out / "loss.png")
