@@ -289,10 +289,12 @@ def train_plan(cluster: launch.Cluster, *, run_id: str, data: Path, model: Path,
         env["OPENBLAS_NUM_THREADS"] = "1"  # several ranks share a machine's cores
     if backend == "ring":
         launcher_cmd = [f"{head.venv}/bin/mlx.launch", "--backend", "ring", "--hostfile",
-                        f"{head.cluster_root}/hosts.json", "--cwd", paths["work"]]
+                        f"{head.cluster_root}/hosts.json", "--cwd", paths["work"],
+                        # The remote `python` must be the venv's, not the system's.
+                        "--python", f"{head.venv}/bin/python"]
         for name, value in env.items():
             launcher_cmd += ["--env", f"{name}={value}"]
-        launcher_cmd += ["--", *program]
+        launcher_cmd += ["--", *program[1:]]  # --python above is the interpreter
     else:
         program[0] = f"{head.venv}/bin/python"
         launcher_cmd = launch.mpirun_command(cluster, program, launch.MpiOptions(

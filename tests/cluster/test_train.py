@@ -76,6 +76,29 @@ def test_train_runs_on_both_nodes_over_the_link_and_brings_results_back(provisio
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
+def test_ring_backend_trains_with_mlx_launch_and_the_rendered_hosts_json(provisioned, tmp_path):
+    from tests.unit.test_model import tiny_model
+
+    tiny_model(tmp_path / "tiny-src")
+    model_dir = model_tools.fetch(str(tmp_path / "tiny-src"), tmp_path / "tiny", dtype="float32")
+    prepare(REPO / "training/data/pirate.jsonl", tmp_path / "pirate")
+    proc = subprocess.run(
+        [INVOKE, "train", "-i", str(provisioned.inventory), "--backend", "ring", "--model",
+         str(model_dir), "--data", str(tmp_path / "pirate"), "--iters", "4", "--batch-size", "2",
+         "--extra", "--steps-per-report 2 --steps-per-eval 4 --val-batches 1 --num-layers 1 "
+         "--max-seq-length 512"],
+        cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = REPO / "runs" / next(line.split()[-1] for line in proc.stdout.splitlines()
+                                   if line.strip().startswith("run 2"))
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["world_size"] == 2
+        assert summary["max_weight_difference_across_ranks"] == 0.0
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
 def test_dry_run_touches_no_host(provisioned):
     listing = "ls -A /opt/mlx-cluster/runs 2>/dev/null | wc -l"
     before = provisioned.ssh(1, listing).stdout

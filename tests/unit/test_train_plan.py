@@ -61,6 +61,8 @@ def test_ring_backend_uses_mlx_launch_and_the_rendered_hosts_json():
     assert "/opt/mlx-cluster/venv/bin/mlx.launch --backend ring --hostfile " \
            "/opt/mlx-cluster/hosts.json" in line
     assert "--config /opt/mlx-cluster/work/config/my.yaml" in line
+    assert "--python /opt/mlx-cluster/venv/bin/python " in line
+    assert " -- -m training.finetune " in line
 
 
 def test_dry_run_prints_the_commands_and_touches_no_host(tmp_path):
