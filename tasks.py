@@ -251,7 +251,7 @@ def _step(c: Context, label: str, cmd: list[str], dry_run: bool) -> None:
 
 def train_plan(cluster: launch.Cluster, *, run_id: str, data: Path, model: Path,
                config: Path | None, overrides: list[str], backend: str,
-               interface: str | None, btl_tcp_links: int | None,
+               interface: str | None, btl_tcp_links: int | None, threads: int | None = None,
                interactive: bool = False) -> tuple[list, list[str]]:
     """(sync steps, launch command) of one training run: plain data, printed by --dry-run."""
     head = cluster.head
@@ -285,16 +285,21 @@ def train_plan(cluster: launch.Cluster, *, run_id: str, data: Path, model: Path,
     if not interactive:
         # Open MPI gives ranks a pty: without this rank 0 would draw a progress bar into a log.
         env["TTY_COMPATIBLE"] = "0"
-    if max(n.slots for n in cluster.training_nodes) > 1:
+    if threads:
+        env["OPENBLAS_NUM_THREADS"] = str(threads)
+    elif max(n.slots for n in cluster.training_nodes) > 1:
         env["OPENBLAS_NUM_THREADS"] = "1"  # several ranks share a machine's cores
     if backend == "ring":
         launcher_cmd = [f"{head.venv}/bin/mlx.launch", "--backend", "ring", "--hostfile",
                         f"{head.cluster_root}/hosts.json", "--cwd", paths["work"],
-                        # The remote `python` must be the venv's, not the system's.
-                        "--python", f"{head.venv}/bin/python"]
+                        # mlx.launch can only pass fixed values, but each rank needs what its
+                        # own env.sh sets (the venv first on PATH, OpenBLAS preloaded): so every
+                        # rank runs bash, which sources env.sh and then execs the venv's python.
+                        "--python", "bash"]
         for name, value in env.items():
             launcher_cmd += ["--env", f"{name}={value}"]
-        launcher_cmd += ["--", *program[1:]]  # --python above is the interpreter
+        launcher_cmd += ["--", "-c", f'. {shlex.quote(str(head.env_file))} && exec python "$@"',
+                         *program]  # program[0] is "python": bash's $0
     else:
         program[0] = f"{head.venv}/bin/python"
         launcher_cmd = launch.mpirun_command(cluster, program, launch.MpiOptions(
@@ -315,9 +320,11 @@ def train_plan(cluster: launch.Cluster, *, run_id: str, data: Path, model: Path,
     "backend": "mpi (mpirun + hostfile, default) or ring (mlx.launch + hosts.json)",
     "interface": "Interface MPI traffic is pinned to (default: the Thunderbolt interface)",
     "btl_tcp_links": "TCP connections per peer for Open MPI (btl_tcp_links)",
+    "threads": "BLAS threads per rank (default: all cores, or 1 when a node has several slots)",
     "dry_run": "Print every command and touch no host"})
 def train(c, inventory=None, config=None, data=None, model=None, iters=None, batch_size=None,
-          extra="", backend="mpi", interface=None, btl_tcp_links=None, dry_run=False):
+          extra="", backend="mpi", interface=None, btl_tcp_links=None, threads=None,
+          dry_run=False):
     """Fine-tune on the cluster: sync data, code and model, mpirun on every slot, fetch results."""
     if backend not in ("mpi", "ring"):
         raise Exit(f"--backend must be mpi or ring, not {backend!r}")
@@ -343,11 +350,28 @@ def train(c, inventory=None, config=None, data=None, model=None, iters=None, bat
         overrides += ["--iters", str(iters)]
     if batch_size:
         overrides += ["--batch-size", str(batch_size)]
+    results = launch_training(
+        c, cluster, inventory=inv, data_dir=data_dir, model_dir=model_dir, config=config_path,
+        overrides=overrides, backend=backend, interface=interface,
+        btl_tcp_links=int(btl_tcp_links) if btl_tcp_links else None,
+        threads=int(threads) if threads else None, dry_run=dry_run)
+    if results:
+        _print_run_summary(results)
+
+
+def launch_training(c: Context, cluster: launch.Cluster, *, inventory: str, data_dir: Path,
+                    model_dir: Path, config: Path | None, overrides: list[str], backend: str = "mpi",
+                    interface: str | None = None, btl_tcp_links: int | None = None,
+                    threads: int | None = None, dry_run: bool = False) -> Path | None:
+    """Sync, launch on every slot of `cluster`, bring the results back: runs/<id> (None: dry run).
+
+    Raises Exit when training fails; what arrived is still kept in runs/<id>.
+    """
     run_id = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     steps, launch_cmd = train_plan(
         cluster, run_id=run_id, data=data_dir.resolve(), model=model_dir.resolve(),
-        config=config_path, overrides=overrides, backend=backend, interface=interface,
-        btl_tcp_links=int(btl_tcp_links) if btl_tcp_links else None,
+        config=config, overrides=overrides, backend=backend, interface=interface,
+        btl_tcp_links=btl_tcp_links, threads=threads,
         interactive=sys.stdin.isatty() and sys.stdout.isatty())
     for label, cmd in steps:
         if not dry_run and cmd[0] == "rsync" and (cluster.head.connection or {}).get("type") \
@@ -360,16 +384,16 @@ def train(c, inventory=None, config=None, data=None, model=None, iters=None, bat
     if dry_run:
         print(f"# launch on {cluster.head.name}\n{commands.join(launch_cmd)}")
         print(f"# bring the results back\n{commands.join(pull_cmd)}")
-        return
+        return None
     print(f"==> training on {cluster.world_size} ranks ({backend}); rank 0 reports:", flush=True)
     start = time.perf_counter()
     code = subprocess.run(launch_cmd, cwd=REPO).returncode
     results.mkdir(parents=True, exist_ok=True)
     subprocess.run(pull_cmd, cwd=REPO, capture_output=True)
     (results / "run.json").write_text(json.dumps({
-        "inventory": inv, "model": str(model_dir.resolve()), "data": str(data_dir.resolve()),
-        "world_size": cluster.world_size, "backend": backend, "exit_code": code,
-        "wall_time_s": round(time.perf_counter() - start, 1),
+        "inventory": inventory, "model": str(model_dir.resolve()),
+        "data": str(data_dir.resolve()), "world_size": cluster.world_size, "backend": backend,
+        "exit_code": code, "wall_time_s": round(time.perf_counter() - start, 1),
         "launch": commands.join(launch_cmd)}, indent=2) + "\n")
     # summary.json is written last by rank 0: mlx.launch exits 0 even when a rank failed.
     if code != 0 or not (results / "summary.json").exists():
@@ -377,7 +401,7 @@ def train(c, inventory=None, config=None, data=None, model=None, iters=None, bat
     if not (results / "loss.png").exists():
         # Nodes need no matplotlib: the controller draws the plot from the metrics.
         _python_module(c, "training.report", [str(results)])
-    _print_run_summary(results)
+    return results
 
 
 def _print_run_summary(results: Path) -> None:

@@ -111,7 +111,10 @@ def mpirun_command(cluster: Cluster, program: Sequence[str], options: MpiOptions
     cmd = [f"{head.openmpi_prefix}/bin/mpirun" if head.openmpi_prefix else "mpirun"]
     if options.allow_run_as_root:
         cmd.append("--allow-run-as-root")
-    cmd += ["--hostfile", hostfile, "-np", str(cluster.world_size)]
+    # Open MPI binds each rank to one core when np <= 2 (and to a socket above): a rank alone on
+    # a Linux node would then run all its BLAS threads on a single core, and two nodes' ranks
+    # sharing one box (the lab) would share core 0. Leave placement to the OS.
+    cmd += ["--hostfile", hostfile, "-np", str(cluster.world_size), "--bind-to", "none"]
     if head.openmpi_prefix and head.os_family == "Darwin":
         # Non-interactive ssh on a Mac has no Homebrew on PATH: tell orted where it lives.
         cmd += ["--prefix", head.openmpi_prefix]

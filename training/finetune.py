@@ -635,6 +635,23 @@ def weight_spread_across_ranks(model: nn.Module, group: Any) -> float:
     return float(mx.max(mx.abs(gathered - gathered[:1])).item())
 
 
+def openblas_loaded(maps: Path = Path("/proc/self/maps")) -> bool:
+    """Whether this process runs with OpenBLAS mapped in (Linux: env.sh preloads it; without it
+    mlx[cpu] falls back to its bundled reference BLAS, tens of times slower)."""
+    try:
+        return "libopenblas" in maps.read_text()
+    except OSError:  # no /proc: macOS, where MLX uses Accelerate and Metal
+        return False
+
+
+def ranks_with_openblas(group: Any) -> int:
+    """How many ranks have OpenBLAS loaded, so a run shows that no node fell back to slow BLAS."""
+    mine = mx.array([1.0 if openblas_loaded() else 0.0])
+    if group.size() == 1:
+        return int(mine.item())
+    return int(mx.distributed.all_sum(mine, group=group, stream=mx.cpu).item())
+
+
 def run(config: FinetuneConfig, group: Any, console: Console | None = None) -> dict[str, Any] | None:
     """Train on this rank; rank 0 writes the outputs and returns the summary."""
     rank0 = group.rank() == 0
@@ -706,10 +723,12 @@ def run(config: FinetuneConfig, group: Any, console: Console | None = None) -> d
         )
     # Every rank must end with the same LoRA weights (mlx-lm averages the gradients): check it.
     spread = weight_spread_across_ranks(model, group)
+    openblas = ranks_with_openblas(group)
     if not rank0:
         return None
     summary = report.summarize(callback.records, wall_time=time.monotonic() - started)
     summary["max_weight_difference_across_ranks"] = spread
+    summary["ranks_with_openblas"] = openblas
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     try:
         report.plot_losses(callback.records, out / "loss.png")

@@ -7,6 +7,8 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,15 +83,22 @@ class LabCluster:
             capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture(scope="module")
-def lab_cluster(tmp_path_factory: pytest.TempPathFactory):
-    """A fresh 3-node lab cluster for the module; torn down afterwards."""
+@contextmanager
+def fresh_lab(tmp_path_factory: pytest.TempPathFactory, nodes: int) -> Iterator[LabCluster]:
+    """A lab cluster of `nodes` fresh hosts with its own fact cache, torn down afterwards."""
     lab.prepare_offline_cache()
     lab.down(TEST_LAB_ID)
-    inventory = lab.up(3, TEST_LAB_ID)
+    inventory = lab.up(nodes, TEST_LAB_ID)
     facts = tmp_path_factory.mktemp("facts")
     try:
         yield LabCluster(lab.Lab(TEST_LAB_ID), inventory, facts)
     finally:
         lab.down(TEST_LAB_ID)
         shutil.rmtree(facts, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def lab_cluster(tmp_path_factory: pytest.TempPathFactory):
+    """A fresh 3-node lab cluster for the module; torn down afterwards."""
+    with fresh_lab(tmp_path_factory, 3) as cluster:
+        yield cluster

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mlxcluster import lab
-from tests.cluster.conftest import TEST_LAB_ID, LabCluster
+from tests.cluster.conftest import fresh_lab
 from training import model as model_tools
 from training.prepare import prepare
 
@@ -27,26 +26,30 @@ INVOKE = str(Path(sys.executable).parent / "invoke")
 
 @pytest.fixture(scope="module")
 def provisioned(tmp_path_factory: pytest.TempPathFactory):
-    lab.prepare_offline_cache()
-    lab.down(TEST_LAB_ID)
-    inventory = lab.up(2, TEST_LAB_ID)
-    facts = tmp_path_factory.mktemp("facts")
-    cluster = LabCluster(lab.Lab(TEST_LAB_ID), inventory, facts)
-    try:
+    with fresh_lab(tmp_path_factory, 2) as cluster:
         run = cluster.playbook()
         assert run.returncode == 0, json.dumps(run.failures, indent=1)
         yield cluster
-    finally:
-        lab.down(TEST_LAB_ID)
 
 
-def test_train_runs_on_both_nodes_over_the_link_and_brings_results_back(provisioned, tmp_path):
+def tiny_model_and_data(tmp_path: Path) -> tuple[Path, Path]:
+    """A tiny llama in mlx-lm's layout and the prepared pirate data, both under tmp_path."""
     from tests.unit.test_model import tiny_model
 
     tiny_model(tmp_path / "tiny-src")
     model_dir = model_tools.fetch(str(tmp_path / "tiny-src"), tmp_path / "tiny", dtype="float32")
-    data_dir = tmp_path / "pirate"
-    prepare(REPO / "training/data/pirate.jsonl", data_dir)
+    prepare(REPO / "training/data/pirate.jsonl", tmp_path / "pirate")
+    return model_dir, tmp_path / "pirate"
+
+
+def run_dir_of(stdout: str) -> Path:
+    """The runs/<id> directory named in the summary table `invoke train` prints."""
+    return REPO / "runs" / next(line.split()[-1] for line in stdout.splitlines()
+                                if line.strip().startswith("run 2"))
+
+
+def test_train_runs_on_both_nodes_over_the_link_and_brings_results_back(provisioned, tmp_path):
+    model_dir, data_dir = tiny_model_and_data(tmp_path)
     link_bytes = "cat /sys/class/net/bridge0/statistics/rx_bytes"
     before = int(provisioned.ssh(2, link_bytes).stdout)
 
@@ -58,13 +61,14 @@ def test_train_runs_on_both_nodes_over_the_link_and_brings_results_back(provisio
         cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "training on 2 ranks (mpi)" in proc.stdout
-    run_dir = REPO / "runs" / next(line.split()[-1] for line in proc.stdout.splitlines()
-                                   if line.strip().startswith("run 2"))
+    run_dir = run_dir_of(proc.stdout)
     try:
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["world_size"] == 2
         # The LoRA weights after training are identical on both ranks.
         assert summary["max_weight_difference_across_ranks"] == 0.0
+        # Every rank ran with the OpenBLAS that provisioning preloads, not mlx[cpu]'s own BLAS.
+        assert summary["ranks_with_openblas"] == 2
         assert summary["final_train_loss"] < summary["first_train_loss"]
         for name in ("adapters.safetensors", "adapter_config.json", "metrics.jsonl", "loss.png",
                      "config.yaml", "run.json"):
@@ -77,24 +81,21 @@ def test_train_runs_on_both_nodes_over_the_link_and_brings_results_back(provisio
 
 
 def test_ring_backend_trains_with_mlx_launch_and_the_rendered_hosts_json(provisioned, tmp_path):
-    from tests.unit.test_model import tiny_model
-
-    tiny_model(tmp_path / "tiny-src")
-    model_dir = model_tools.fetch(str(tmp_path / "tiny-src"), tmp_path / "tiny", dtype="float32")
-    prepare(REPO / "training/data/pirate.jsonl", tmp_path / "pirate")
+    model_dir, data_dir = tiny_model_and_data(tmp_path)
     proc = subprocess.run(
         [INVOKE, "train", "-i", str(provisioned.inventory), "--backend", "ring", "--model",
-         str(model_dir), "--data", str(tmp_path / "pirate"), "--iters", "4", "--batch-size", "2",
+         str(model_dir), "--data", str(data_dir), "--iters", "4", "--batch-size", "2",
          "--extra", "--steps-per-report 2 --steps-per-eval 4 --val-batches 1 --num-layers 1 "
          "--max-seq-length 512"],
         cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    run_dir = REPO / "runs" / next(line.split()[-1] for line in proc.stdout.splitlines()
-                                   if line.strip().startswith("run 2"))
+    run_dir = run_dir_of(proc.stdout)
     try:
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["world_size"] == 2
         assert summary["max_weight_difference_across_ranks"] == 0.0
+        # Each ring rank sourced its env.sh: venv python, OpenBLAS preloaded.
+        assert summary["ranks_with_openblas"] == 2
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 

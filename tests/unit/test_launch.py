@@ -37,7 +37,7 @@ def test_mpirun_uses_the_hostfile_all_slots_and_pins_the_cluster_link():
     cmd = mpirun_command(layout(), ["python", "-m", "training.finetune"],
                          MpiOptions(btl_tcp_links=2, env={"OPENBLAS_NUM_THREADS": "1"}))
     assert cmd == [
-        "/usr/bin/mpirun", "--hostfile", "/opt/mlx-cluster/hostfile", "-np", "3",
+        "/usr/bin/mpirun", "--hostfile", "/opt/mlx-cluster/hostfile", "-np", "3", "--bind-to", "none",
         "--mca", "btl_tcp_if_include", "bridge0", "--mca", "oob_tcp_if_include", "bridge0",
         "--mca", "btl_tcp_links", "2", "--mca", "plm_rsh_args", "-o BatchMode=yes",
         "-x", "PATH", "-x", "VIRTUAL_ENV", "-x", "LD_PRELOAD",

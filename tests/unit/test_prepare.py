@@ -513,3 +513,25 @@ def test_pirate_score_counts_whole_marker_words(text: str, score: int) -> None:
 def test_pirate_markers_are_lowercase_and_unique() -> None:
     assert all(marker == marker.lower() for marker in pirate.PIRATE_MARKERS)
     assert len(set(pirate.PIRATE_MARKERS)) == len(pirate.PIRATE_MARKERS)
+
+
+def test_score_answers_sums_up_per_answer_counts() -> None:
+    result = pirate.score_answers(["Arr, matey!", "Paris.", "Ahoy, ye scallywag"])
+    assert result == {"mean_markers_per_answer": 5 / 3, "answers_with_markers": 2, "answers": 3,
+                      "scores": [2, 0, 3]}
+
+
+def test_pirate_evaluation_answers_every_held_out_prompt(tmp_path: Path, capsys) -> None:
+    from tests.unit.test_model import tiny_model
+    from training import model as model_tools
+
+    tiny_model(tmp_path / "src")
+    model_dir = model_tools.fetch(str(tmp_path / "src"), tmp_path / "tiny", dtype="float32")
+    out = tmp_path / "scores.json"
+    assert pirate.main(["--model", str(model_dir), "--max-tokens", "3", "--output", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["answers"] == len(result["scores"]) == len(result["examples"]) == 20
+    assert [e["prompt"] for e in result["examples"]] == list(pirate.HELD_OUT_PROMPTS)
+    with pytest.raises(SystemExit):
+        pirate.main(["--model", str(tmp_path / "missing")])
+    assert "--model" in capsys.readouterr().err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -61,8 +62,28 @@ def test_ring_backend_uses_mlx_launch_and_the_rendered_hosts_json():
     assert "/opt/mlx-cluster/venv/bin/mlx.launch --backend ring --hostfile " \
            "/opt/mlx-cluster/hosts.json" in line
     assert "--config /opt/mlx-cluster/work/config/my.yaml" in line
-    assert "--python /opt/mlx-cluster/venv/bin/python " in line
-    assert " -- -m training.finetune " in line
+    assert "--python bash " in line
+    assert """ -- -c '. /opt/mlx-cluster/env.sh && exec python "$@"' python -m training.finetune """ \
+        in line
+
+
+def test_ring_ranks_run_the_python_their_env_file_selects(tmp_path):
+    """What mlx.launch runs per rank: `bash <args after -->`; env.sh picks python and LD_PRELOAD."""
+    (tmp_path / "bin").mkdir()
+    fake_python = tmp_path / "bin" / "python"
+    fake_python.write_text('#!/bin/sh\necho "venv python $LD_PRELOAD $*"\n')
+    fake_python.chmod(0o755)
+    env_file = tmp_path / "env.sh"
+    env_file.write_text(f'export PATH="{tmp_path}/bin:$PATH"\nexport LD_PRELOAD=libopenblas.so.0\n')
+    layout = lab_layout()
+    layout["nodes"][0]["env_file"] = str(env_file)
+    _, launch_cmd = tasks.train_plan(
+        Cluster.from_json(layout), run_id="r1", data=Path("/d/p"), model=Path("/m/t"),
+        config=None, overrides=[], backend="ring", interface=None, btl_tcp_links=None)
+    mlx_launch = shlex.split(launch_cmd[-1].split(" && ", 1)[1])
+    rank_args = mlx_launch[mlx_launch.index("--") + 1:]
+    out = subprocess.run(["bash", *rank_args], capture_output=True, text=True, check=True).stdout
+    assert out.startswith("venv python libopenblas.so.0 -m training.finetune --model ")
 
 
 def test_dry_run_prints_the_commands_and_touches_no_host(tmp_path):
