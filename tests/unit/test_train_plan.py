@@ -46,7 +46,7 @@ def test_plan_syncs_code_and_data_everywhere_and_fans_the_model_out_over_the_lin
     assert launch_cmd[:3] == ["ssh", "-o", "BatchMode=yes"]
     assert line.startswith(". /opt/mlx-cluster/env.sh && cd /opt/mlx-cluster/work && ")
     assert ("/usr/bin/mpirun --allow-run-as-root --hostfile /opt/mlx-cluster/hostfile -np 2 "
-            "--mca btl_tcp_if_include bridge0 --mca oob_tcp_if_include bridge0") in line
+            "--bind-to none --mca btl_tcp_if_include bridge0 --mca oob_tcp_if_include bridge0") in line
     assert line.endswith("--wdir /opt/mlx-cluster/work /opt/mlx-cluster/venv/bin/python -m "
                          "training.finetune --model /opt/mlx-cluster/models/tiny --data "
                          "/opt/mlx-cluster/work/data/pirate --adapter-path "
