@@ -5,6 +5,7 @@ Each task is a thin wrapper: the command lines are built in mlxcluster/ (tested 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -300,6 +301,12 @@ def train_plan(cluster: launch.Cluster, *, run_id: str, data: Path, model: Path,
             launcher_cmd += ["--env", f"{name}={value}"]
         launcher_cmd += ["--", "-c", f'. {shlex.quote(str(head.env_file))} && exec python "$@"',
                          *program]  # program[0] is "python": bash's $0
+    elif cluster.world_size == 1 and head.slots == 1:
+        # One rank on the launcher has nobody to talk to: run it directly. (Under `mpirun -np 1`
+        # mlx-lm's trainer initializes MPI, which MLX never finalizes for a group of one, and
+        # mpirun fails the job after training finished.)
+        launcher_cmd = ["env", *(f"{k}={v}" for k, v in sorted(env.items())),
+                        f"{head.venv}/bin/python", *program[1:]]
     else:
         program[0] = f"{head.venv}/bin/python"
         launcher_cmd = launch.mpirun_command(cluster, program, launch.MpiOptions(
@@ -442,8 +449,160 @@ def generate(c, prompt, adapter=None, model=None, max_tokens=120):
     side_by_side(Path(model), run, prompt, int(max_tokens))
 
 
+# ------------------------------------------------------------------ training bench
+
+def _on_node(node: launch.Node, line: str, timeout: float = 3600) -> str:
+    """Run a shell line on a node (as invoke train reaches it); its stdout, or Exit."""
+    proc = subprocess.run(launch.ssh_command(node, line), cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise Exit(f"on {node.name}: {line}\nfailed ({proc.returncode}):\n"
+                   f"{(proc.stdout + proc.stderr).strip()[-3000:]}")
+    return proc.stdout
+
+
+def _single_process_summary(head: launch.Node, *, model: str, data: str, run: str, iters: int,
+                            batch_size: int, preload_openblas: bool) -> dict:
+    """Train without MPI on the launcher, with or without provisioning's OpenBLAS preload."""
+    paths = sync.node_paths(head)
+    program = ["python", "-m", "training.finetune", "--model", model, "--data", data,
+               "--adapter-path", run, "--iters", str(iters), "--batch-size", str(batch_size),
+               "--steps-per-report", "1", "--steps-per-eval", str(iters), "--val-batches", "1",
+               "--save-every", str(iters)]
+    # Stock mlx[cpu]: the same venv and command, only without the LD_PRELOAD env.sh adds.
+    prefix = [] if preload_openblas else ["env", "-u", "LD_PRELOAD"]
+    _on_node(head, launch.on_launcher(launch.Cluster(head.name, (head,)), [*prefix, *program],
+                                      workdir=paths["work"]) + " </dev/null")
+    return json.loads(_on_node(head, f"cat {shlex.quote(run)}/summary.json"))
+
+
+def _pirate_scores(head: launch.Node, model: str, adapter: str | None) -> dict:
+    paths = sync.node_paths(head)
+    program = ["python", "-m", "training.pirate", "--model", model, "--max-tokens", "80"]
+    if adapter:
+        program += ["--adapter", adapter]
+    return json.loads(_on_node(head, launch.on_launcher(
+        launch.Cluster(head.name, (head,)), program, workdir=paths["work"])))
+
+
+def _tokens_per_second(results: Path) -> float:
+    return json.loads((results / "summary.json").read_text())["tokens_per_second"]
+
+
+@task(name="train", help={
+    "id": "Lab number (default 8)",
+    "iters": "Steps of each scaling run (default 30)",
+    "batch_size": "Global batch of the scaling runs (default 4)",
+    "blas_iters": "Steps of each BLAS run, batch 1 (default 4: stock mlx[cpu] is slow)",
+    "quality_iters": "Steps of the pirate fine-tune that quality is measured on "
+                     "(default: the config's, 200; 0 skips quality)",
+    "output": "JSON file to write (default runs/bench/train-<time>.json)"})
+def bench_train(c, id=8, iters=30, batch_size=4, blas_iters=4, quality_iters=None, output=None):
+    """Scaling (2 ranks over 1), BLAS (provisioned over stock mlx[cpu]) and pirate quality.
+
+    Runs on a fresh 2-node lab cluster with SmolLM2-135M and the bundled pirate data.
+    """
+    lab_id = int(id)
+    model_dir = _default_model_dir("float32")
+    data_dir = REPO / "build" / "data" / "pirate"
+    if not (data_dir / "train.jsonl").exists():
+        data_prepare(c, output=str(data_dir))
+    if not (model_dir / "config.json").exists():
+        model_fetch(c, output=str(model_dir), dtype="float32")
+    _lab_call(lab.prepare_offline_cache)
+    _lab_call(lab.down, lab_id)
+    inventory = str(_lab_call(lab.up, 2, lab_id))
+    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
+           "ANSIBLE_CACHE_PLUGIN_CONNECTION": f"/tmp/mlx-bench-facts-{lab_id}"}
+    try:
+        print("==> provisioning a 2-node lab cluster", flush=True)
+        _timed_playbook(commands.provision(inventory), env)
+        cluster, _ = _cluster(inventory)
+        head = cluster.head
+        one_rank = launch.Cluster(cluster.launcher, tuple(
+            n if n.name == head.name else dataclasses.replace(n, slots=0)
+            for n in cluster.nodes))
+        if one_rank.world_size != 1 or cluster.world_size != 2:
+            raise Exit(f"the lab should have one slot per node, not {cluster.hostfile_lines()}")
+        # Same global batch and steps; one BLAS thread per rank, so a rank is one core's work.
+        scaling = ["--iters", str(iters), "--batch-size", str(batch_size),
+                   "--steps-per-report", "5", "--steps-per-eval", str(iters), "--val-batches", "2",
+                   "--save-every", str(iters)]
+        runs = {}
+        for name, layout in (("one_rank", one_rank), ("two_ranks", cluster)):
+            runs[name] = launch_training(
+                c, layout, inventory=inventory, data_dir=data_dir, model_dir=model_dir,
+                config=None, overrides=scaling, threads=1)
+        one, two = (_tokens_per_second(runs[n]) for n in ("one_rank", "two_ranks"))
+
+        paths = sync.node_paths(head)
+        remote_model = f"{paths['models']}/{model_dir.name}"
+        remote_data = f"{paths['work']}/data/{data_dir.name}"
+        blas = {}
+        for name, preload in (("openblas", True), ("stock_mlx_cpu", False)):
+            print(f"==> BLAS: {blas_iters} steps on {head.name} with {name}", flush=True)
+            blas[name] = _single_process_summary(
+                head, model=remote_model, data=remote_data, run=f"{paths['runs']}/bench-{name}",
+                iters=int(blas_iters), batch_size=1, preload_openblas=preload)
+        quality = None
+        if quality_iters is None or int(quality_iters) > 0:
+            overrides = ["--iters", str(quality_iters)] if quality_iters else []
+            print("==> quality: the pirate fine-tune on 2 ranks", flush=True)
+            tuned = launch_training(c, cluster, inventory=inventory, data_dir=data_dir,
+                                    model_dir=model_dir, config=None, overrides=overrides,
+                                    threads=1)
+            print("==> quality: base and fine-tuned answers to 20 held-out prompts", flush=True)
+            base = _pirate_scores(head, remote_model, None)
+            ft = _pirate_scores(head, remote_model, f"{paths['runs']}/{tuned.name}")
+            (tuned / "pirate-base.json").write_text(json.dumps(base, indent=2) + "\n")
+            (tuned / "pirate-fine-tuned.json").write_text(json.dumps(ft, indent=2) + "\n")
+            quality = {
+                "run": str(tuned), "summary": json.loads((tuned / "summary.json").read_text()),
+                "base_mean_markers_per_answer": base["mean_markers_per_answer"],
+                "fine_tuned_mean_markers_per_answer": ft["mean_markers_per_answer"],
+                "base_answers_with_markers": base["answers_with_markers"],
+                "fine_tuned_answers_with_markers": ft["answers_with_markers"],
+                "prompts": base["answers"],
+                "examples": [{"prompt": b["prompt"], "base": b["answer"], "fine_tuned": f["answer"]}
+                             for b, f in zip(base["examples"][:3], ft["examples"][:3], strict=True)],
+            }
+    finally:
+        _lab_call(lab.down, lab_id)
+    openblas, stock = blas["openblas"]["tokens_per_second"], blas["stock_mlx_cpu"]["tokens_per_second"]
+    result = {
+        "benchmark": "train",
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "model": model_dir.name, "data": str(data_dir), "host_cpus": os.cpu_count(),
+        "scaling": {
+            "global_batch_size": int(batch_size), "iters": int(iters),
+            "blas_threads_per_rank": 1,
+            "one_rank_tokens_per_second": round(one, 1),
+            "two_ranks_tokens_per_second": round(two, 1),
+            "two_over_one": round(two / one, 3),
+            "target": 1.8,
+            "runs": {n: str(r) for n, r in runs.items()},
+        },
+        "blas": {
+            "iters": int(blas_iters), "batch_size": 1, "threads": "default (all cores)",
+            "openblas_tokens_per_second": round(openblas, 1),
+            "stock_mlx_cpu_tokens_per_second": round(stock, 1),
+            "openblas_over_stock": round(openblas / stock, 1),
+            "target": 20,
+        },
+        "quality": quality,
+    }
+    out = Path(output) if output else (
+        REPO / "runs" / "bench" / f"train-{dt.datetime.now():%Y%m%d-%H%M%S}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "quality"}, indent=2))
+    if quality:
+        print(json.dumps({k: v for k, v in quality.items() if k != "summary"}, indent=2))
+    print(f"wrote {out}")
+
+
 lab_ns = Collection("lab", lab_up, lab_down, lab_status)
-bench_ns = Collection("bench", bench_provision)
+bench_ns = Collection("bench", bench_provision, bench_train)
 data_ns = Collection("data", data_prepare)
 model_ns = Collection("model", model_fetch)
 ns = Collection(provision, hostfile, train, generate, lint, test, lab_ns, bench_ns, data_ns, model_ns)

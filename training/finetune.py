@@ -734,8 +734,8 @@ def run(config: FinetuneConfig, group: Any, console: Console | None = None) -> d
         report.plot_losses(callback.records, out / "loss.png")
     except ImportError:
         print(
-            f"warning: matplotlib is not installed here: no loss.png (python -m training.report {out} "
-            "draws it where it is)",
+            f"note: no matplotlib on this node, so no loss.png yet: invoke train draws it on the controller "
+            f"(or run python -m training.report {out} where matplotlib is)",
             flush=True,
         )
     display.print(

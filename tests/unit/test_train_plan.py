@@ -111,3 +111,16 @@ def test_dry_run_prints_the_commands_and_touches_no_host(tmp_path):
         for f in build.iterdir():
             f.unlink()
         build.rmdir()
+
+
+def test_a_single_rank_on_the_launcher_runs_without_mpirun():
+    layout = lab_layout()
+    layout["nodes"][1]["slots"] = 0
+    _, launch_cmd = tasks.train_plan(
+        Cluster.from_json(layout), run_id="r1", data=Path("/d/p"), model=Path("/m/t"),
+        config=None, overrides=[], backend="mpi", interface=None, btl_tcp_links=None, threads=1)
+    line = launch_cmd[-1]
+    assert "mpirun" not in line
+    assert ("cd /opt/mlx-cluster/work && env HF_HUB_OFFLINE=1 OPENBLAS_NUM_THREADS=1 TTY_COMPATIBLE=0 "
+            "/opt/mlx-cluster/venv/bin/python -m training.finetune ") in line
+    assert line.endswith("--expected-world-size 1")
