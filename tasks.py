@@ -414,6 +414,41 @@ def launch_training(c: Context, cluster: launch.Cluster, *, inventory: str, data
     return results
 
 
+@task(help={"inventory": INVENTORY_HELP,
+            "interface": "Interface MPI traffic is pinned to (default: the Thunderbolt interface)",
+            "dry_run": "Print the commands and touch no host"})
+def run(c, inventory=None, interface=None, dry_run=False):
+    """Run any command on every slot with mpirun: invoke run -- CMD ARGS...
+
+    The cluster's hostfile, interface pinning and env.sh apply as for invoke train, and the
+    training code is synced first, so `invoke run -- python -m training.examples.logistic_regression`
+    works on a freshly provisioned cluster. (invoke joins the words after --: quote within them.)
+    """
+    program = shlex.split(c.remainder)
+    if not program:
+        raise Exit("nothing to run: invoke run -- CMD ARGS...  (e.g. invoke run -- hostname)")
+    cluster, _ = _cluster(_inventory(c, inventory))
+    head = cluster.head
+    paths = sync.node_paths(head)
+    for node in cluster.training_nodes:
+        cmd = sync.push(REPO / "training", node, f"{paths['work']}/training",
+                        excludes=sync.CODE_EXCLUDES)
+        if not dry_run and (node.connection or {}).get("type") == "local":
+            Path(cmd[-1]).mkdir(parents=True, exist_ok=True)
+        _step(c, f"sync code to {node.name}", cmd, dry_run)
+    mpirun = launch.mpirun_command(cluster, program, launch.MpiOptions(
+        interface=interface, allow_run_as_root=_is_root(head), extra=["--wdir", paths["work"]]))
+    interactive = sys.stdin.isatty() and sys.stdout.isatty()
+    cmd = launch.ssh_command(head, launch.on_launcher(cluster, mpirun, workdir=paths["work"]),
+                             tty=interactive)
+    if dry_run:
+        print(f"# run on {head.name}\n{commands.join(cmd)}")
+        return
+    code = subprocess.run(cmd, cwd=REPO).returncode
+    if code:
+        raise Exit(code=code)
+
+
 def _print_run_summary(results: Path) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -621,6 +656,6 @@ lab_ns = Collection("lab", lab_up, lab_down, lab_status)
 bench_ns = Collection("bench", bench_provision, bench_train)
 data_ns = Collection("data", data_prepare)
 model_ns = Collection("model", model_fetch)
-ns = Collection(provision, hostfile, train, generate, lint, test, lab_ns, bench_ns, data_ns, model_ns)
+ns = Collection(provision, hostfile, train, run, generate, lint, test, lab_ns, bench_ns, data_ns, model_ns)
 ns.configure({"cluster": {"inventory": "inventory/local/hosts.yml"},
               "lab": {"id": 0, "nodes": 3}})

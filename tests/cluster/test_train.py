@@ -108,3 +108,26 @@ def test_dry_run_touches_no_host(provisioned):
     assert proc.returncode == 0, proc.stderr
     assert "--hostfile /opt/mlx-cluster/hostfile -np 2" in proc.stdout
     assert provisioned.ssh(1, listing).stdout == before
+
+
+def test_invoke_run_starts_any_command_on_every_slot(provisioned):
+    base = [INVOKE, "run", "-i", str(provisioned.inventory), "--"]
+    proc = subprocess.run([*base, "hostname"], cwd=REPO, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(line for line in proc.stdout.splitlines() if not line.startswith("==>")) \
+        == ["node1", "node2"]
+
+    # The smallest data-parallel MLX program, over the cluster link.
+    proc = subprocess.run([*base, "python", "-m", "training.examples.logistic_regression"],
+                          cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
+    assert result["world_size"] == 2 and result["accuracy"] == 1.0
+    assert result["max_weight_difference_across_ranks"] == 0.0
+
+    # A failing command fails the task with its exit status.
+    proc = subprocess.run([*base, "false"], cwd=REPO, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=120)
+    assert proc.returncode == 1
