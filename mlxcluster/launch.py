@@ -32,6 +32,8 @@ class Node:
     slots: int
     os_family: str = "Debian"
     thunderbolt_interface: str | None = None
+    thunderbolt_prefix: int = 24
+    thunderbolt_mtu: int = 0  # 0: not recorded
     cluster_root: str | None = None
     venv: str | None = None
     env_file: str | None = None

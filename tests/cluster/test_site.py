@@ -9,6 +9,10 @@ a node added to the inventory, a node whose OS does not match its group.
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +25,7 @@ pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_ROOT = "/opt/mlx-cluster"  # set by the lab inventory
+VENV_BIN = Path(sys.executable).parent
 
 
 def host(cluster, node: int):
@@ -94,6 +99,70 @@ def test_mpirun_on_the_launcher_reaches_every_node_over_the_thunderbolt_link(lab
         "--mca btl_tcp_if_include bridge0 --mca oob_tcp_if_include bridge0 hostname"))
     assert probe.returncode == 0, probe.stderr
     assert sorted(probe.stdout.split()) == ["node1", "node2", "node3"]
+
+
+def doctor(cluster) -> tuple[int, list[dict], str]:
+    """invoke doctor --json: (exit status, the checks, its summary line)."""
+    proc = subprocess.run([str(VENV_BIN / "invoke"), "doctor", "--json", "-i", str(cluster.inventory)],
+                          cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          timeout=120)
+    return proc.returncode, json.loads(proc.stdout), proc.stderr.strip()
+
+
+def test_doctor_is_green_on_the_healthy_cluster(lab_cluster):
+    start = time.perf_counter()
+    code, checks, summary = doctor(lab_cluster)
+    elapsed = time.perf_counter() - start
+    assert code == 0, [c for c in checks if not c["ok"]]
+    assert {"mpirun -np 3 hostname", "MLX all_sum over every rank", "ssh over the cluster link",
+            "interface bridge0", "hostfile", "mlx-lm", "Open MPI"} <= {c["name"] for c in checks}
+    # Every ordered pair of nodes was tried over the cluster link.
+    assert len([c for c in checks if c["name"] == "ssh over the cluster link"]) == 6
+    assert re.search(r"(\d+) of \1 checks passed on 3 nodes", summary), summary
+    assert elapsed < 30, f"doctor took {elapsed:.1f} s"  # the issue's bound, with a wide margin
+
+
+MLX_LM_METADATA = f"{CLUSTER_ROOT}/venv/lib/python3*/site-packages/mlx_lm-*.dist-info/METADATA"
+
+
+def test_doctor_names_a_broken_key_a_version_mismatch_and_a_down_interface(lab_cluster):
+    node1_key = lab_cluster.ssh(1, "cat /root/.ssh/id_ed25519.pub").stdout.split()[1]
+    breakage = {
+        # node3 no longer accepts node1's key
+        3: f"cp /root/.ssh/authorized_keys /root/ak.bak && grep -v '{node1_key}' /root/ak.bak "
+           "> /root/.ssh/authorized_keys",
+        # node2's venv reports another mlx-lm, and its cluster link is down
+        2: f"m=$(echo {MLX_LM_METADATA}) && cp $m /root/md.bak && "
+           "sed -i 's/^Version: .*/Version: 0.31.0/' $m && ip link set bridge0 down",
+    }
+    repair = {
+        3: "mv /root/ak.bak /root/.ssh/authorized_keys",
+        2: f"m=$(echo {MLX_LM_METADATA}) && mv /root/md.bak $m && ip link set bridge0 up",
+    }
+    for node, command in breakage.items():
+        assert lab_cluster.ssh(node, command).returncode == 0
+    try:
+        code, checks, summary = doctor(lab_cluster)
+    finally:
+        for node, command in repair.items():
+            assert lab_cluster.ssh(node, command).returncode == 0
+    assert code != 0 and "failed (see the fix column)" in summary
+    red = {(c["scope"], c["name"]): c for c in checks if not c["ok"]}
+    key = red["node1 -> node3", "ssh over the cluster link"]
+    assert "Permission denied" in key["detail"] and "ssh_mesh" in key["fix"]
+    version = red["node2", "mlx-lm"]
+    assert version["detail"] == "0.31.0, but node1 0.32.2, node3 0.32.2"
+    assert "nodes must agree" in version["fix"]
+    link = red["node2", "interface bridge0"]
+    assert link["detail"].startswith("down") and "thunderbolt role" in link["fix"]
+    # With node2's link down nobody reaches it over the link, and the MPI jobs wait for a
+    # cluster without red checks; nothing else is red.
+    assert set(red) == {("node1 -> node3", "ssh over the cluster link"),
+                        ("node2", "mlx-lm"), ("node2", "interface bridge0"),
+                        ("node1 -> node2", "ssh over the cluster link"),
+                        ("node3 -> node2", "ssh over the cluster link"),
+                        ("cluster", "MPI jobs (mpirun hostname, MLX all_sum)")}, sorted(red)
+    assert doctor(lab_cluster)[0] == 0  # repaired
 
 
 def test_unreachable_node_is_named_and_the_others_finish(lab_cluster):

@@ -1,0 +1,131 @@
+"""What `invoke doctor` learns about one node, in one ssh round trip.
+
+This file is sent to each node and run there with its own Python (`python3 - ARGS < probe.py`),
+so it uses the standard library only and never fails: every fact it cannot get is reported as
+an error string instead. It prints one JSON object.
+
+Arguments (JSON, argv[1]): {"cluster_root", "venv", "interface", "peers": [thunderbolt IPs]}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+TIMEOUT = 10
+
+
+def _run(cmd: list[str], timeout: float = TIMEOUT) -> tuple[int, str]:
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return 127, str(exc)
+    return proc.returncode, (proc.stdout + proc.stderr).strip()
+
+
+def openmpi_version() -> str | None:
+    code, out = _run(["mpirun", "--version"])
+    match = re.search(r"Open MPI\)? (\d+\.\d+\.\d+)", out) if code == 0 else None
+    return match.group(1) if match else None
+
+
+def venv_versions(venv: str) -> dict[str, Any]:
+    python = os.path.join(venv, "bin", "python")
+    if not os.access(python, os.X_OK):
+        return {"error": f"{python} does not exist"}
+    code, out = _run([python, "-c", (
+        "import json, platform\n"
+        "from importlib.metadata import version\n"
+        "import mlx.core as mx\n"
+        "print(json.dumps({'python': platform.python_version(), 'mlx': version('mlx'),"
+        " 'mlx_lm': version('mlx-lm'), 'distributed': mx.distributed.is_available()}))")],
+        timeout=60)
+    if code != 0:
+        return {"error": out.splitlines()[-1] if out else f"exit {code}"}
+    return json.loads(out.splitlines()[-1])
+
+
+def interface(name: str) -> dict[str, Any]:
+    """State, IPv4 addresses (with prefix) and MTU of a network interface."""
+    if sys.platform == "darwin":
+        code, out = _run(["ifconfig", name])
+        if code != 0:
+            return {"error": out or f"no interface {name}"}
+        mtu = re.search(r"mtu (\d+)", out)
+        addresses = [f"{ip}/{bin(int(mask, 16)).count('1')}"
+                     for ip, mask in re.findall(r"inet (\S+) netmask (0x[0-9a-f]+)", out)]
+        return {"up": "<UP" in out or ",UP" in out, "mtu": int(mtu.group(1)) if mtu else None,
+                "addresses": addresses}
+    code, out = _run(["ip", "-j", "addr", "show", "dev", name])
+    if code != 0:
+        return {"error": out or f"no interface {name}"}
+    info = json.loads(out)[0]
+    return {"up": "UP" in info.get("flags", []) and info.get("operstate") != "DOWN",
+            "mtu": info.get("mtu"),
+            "addresses": [f"{a['local']}/{a['prefixlen']}" for a in info.get("addr_info", [])
+                          if a.get("family") == "inet"]}
+
+
+def memory_bytes() -> dict[str, int | None]:
+    if sys.platform == "darwin":
+        _, total = _run(["sysctl", "-n", "hw.memsize"])
+        _, vm = _run(["vm_stat"])
+        page = re.search(r"page size of (\d+)", vm)
+        free = sum(int(n) for n in re.findall(r"Pages (?:free|inactive|speculative):\s+(\d+)", vm))
+        return {"total": int(total) if total.isdigit() else None,
+                "available": free * int(page.group(1)) if page else None}
+    fields = {}
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            key, value = line.split(":", 1)
+            fields[key] = int(value.split()[0]) * 1024
+    return {"total": fields.get("MemTotal"), "available": fields.get("MemAvailable")}
+
+
+def disk_free(path: str) -> int | None:
+    while path and not os.path.exists(path):
+        path = os.path.dirname(path)
+    return shutil.disk_usage(path or "/").free
+
+
+def ssh_to(ip: str) -> dict[str, Any]:
+    """Can this node ssh to a peer by its Thunderbolt IP with no prompt (as mpirun does)?"""
+    code, out = _run(["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", ip, "true"])
+    return {"ok": code == 0, "error": None if code == 0 else out.splitlines()[-1:] or [f"exit {code}"]}
+
+
+def read(path: str) -> str | None:
+    try:
+        with open(path) as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def probe(args: dict[str, Any]) -> dict[str, Any]:
+    root = args["cluster_root"]
+    with ThreadPoolExecutor() as pool:
+        ssh = dict(zip(args["peers"], pool.map(ssh_to, args["peers"]), strict=True))
+        versions = pool.submit(venv_versions, args["venv"])
+        return {
+            "hostname": platform.node(),
+            "os": platform.system(),
+            "openmpi": openmpi_version(),
+            "venv": versions.result(),
+            "hostfile": read(os.path.join(root, "hostfile")),
+            "interface": interface(args["interface"]),
+            "memory": memory_bytes(),
+            "disk_free": disk_free(root),
+            "ssh": ssh,
+        }
+
+
+if __name__ == "__main__":
+    print(json.dumps(probe(json.loads(sys.argv[1]))))

@@ -1,0 +1,135 @@
+"""invoke doctor's judgement (mlxcluster/doctor.py evaluate) and the node probe, on this machine."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import subprocess
+import sys
+
+from rich.console import Console
+
+from mlxcluster import doctor
+from mlxcluster.doctor import Check
+from mlxcluster.launch import Cluster
+
+HOSTFILE = "10.0.0.1 slots=2\n10.0.0.2 slots=1\n"
+
+
+def cluster() -> Cluster:
+    def node(name, ip, slots):
+        return {"name": name, "thunderbolt_ip": ip, "slots": slots, "thunderbolt_interface": "bridge0",
+                "thunderbolt_prefix": 24, "thunderbolt_mtu": 9000, "cluster_root": "/opt/mlx-cluster",
+                "venv": "/opt/mlx-cluster/venv", "env_file": "/opt/mlx-cluster/env.sh",
+                "connection": {"type": "ssh", "host": f"{name}.mgmt", "user": "mlx"}}
+    return Cluster.from_json({"launcher": "node1", "nodes": [node("node1", "10.0.0.1", 2),
+                                                             node("node2", "10.0.0.2", 1)]})
+
+
+def healthy() -> dict:
+    def facts(name, ip, peer):
+        return {"hostname": name, "os": "Linux", "openmpi": "4.1.4",
+                "venv": {"python": "3.11.2", "mlx": "0.32.4", "mlx_lm": "0.32.2", "distributed": True},
+                "hostfile": "# rendered\n" + HOSTFILE,
+                "interface": {"up": True, "mtu": 9000, "addresses": [f"{ip}/24"]},
+                "memory": {"total": 16 * 2**30, "available": 8 * 2**30}, "disk_free": 100 * 2**30,
+                "ssh": {peer: {"ok": True, "error": None}}}
+    return {"nodes": {"node1": facts("node1", "10.0.0.1", "10.0.0.2"),
+                      "node2": facts("node2", "10.0.0.2", "10.0.0.1")},
+            "jobs": {"hostname": (0, "node1\nnode2\nnode1\n"), "all_sum": (0, "3\n3\n3\n")}}
+
+
+def failures(gathered: dict, model_bytes: int | None = 2**30) -> list[Check]:
+    return [c for c in doctor.evaluate(cluster(), HOSTFILE, gathered, model_bytes) if not c.ok]
+
+
+def test_a_healthy_cluster_is_all_green():
+    checks = doctor.evaluate(cluster(), HOSTFILE, healthy(), 2**30)
+    assert [c for c in checks if not c.ok] == []
+    names = {c.name for c in checks}
+    assert {"management ssh", "ssh over the cluster link", "Open MPI", "Python", "mlx", "mlx-lm",
+            "venv", "hostfile", "interface bridge0", "free memory", "free disk",
+            "mpirun -np 3 hostname", "MLX all_sum over every rank"} <= names
+    pairs = {c.scope for c in checks if c.name == "ssh over the cluster link"}
+    assert pairs == {"node1 -> node2", "node2 -> node1"}
+
+
+def test_an_unreachable_node_is_named_with_the_fix_and_not_judged_further():
+    gathered = healthy()
+    gathered["nodes"]["node2"] = {"unreachable": "ssh: connect to host node2.mgmt: No route to host"}
+    gathered["jobs"] = {}
+    [bad] = failures(gathered)
+    assert (bad.scope, bad.name) == ("node2", "management ssh")
+    assert "No route to host" in bad.detail and "ansible_host" in bad.fix
+
+
+def test_a_broken_key_on_the_cluster_link_names_the_pair():
+    gathered = healthy()
+    gathered["nodes"]["node1"]["ssh"]["10.0.0.2"] = {
+        "ok": False, "error": ["root@10.0.0.2: Permission denied (publickey)."]}
+    [bad] = failures(gathered)
+    assert bad.scope == "node1 -> node2" and "Permission denied" in bad.detail
+    assert "invoke provision" in bad.fix and "ssh_mesh" in bad.fix
+
+
+def test_a_version_mismatch_is_red_on_the_odd_node_and_says_what_the_others_have():
+    gathered = healthy()
+    gathered["nodes"]["node2"]["venv"]["mlx"] = "0.31.0"
+    gathered["nodes"]["node2"]["openmpi"] = None
+    bad = {(c.scope, c.name): c for c in failures(gathered)}
+    assert set(bad) == {("node2", "mlx"), ("node2", "Open MPI")}
+    assert bad["node2", "mlx"].detail == "0.31.0, but node1 0.32.4"
+    assert "nodes must agree" in bad["node2", "mlx"].fix
+    assert bad["node2", "Open MPI"].detail == "missing"
+
+
+def test_a_down_interface_with_the_wrong_address_and_mtu():
+    gathered = healthy()
+    gathered["nodes"]["node2"]["interface"] = {"up": False, "mtu": 1500, "addresses": []}
+    [bad] = failures(gathered)
+    assert bad.name == "interface bridge0"
+    assert bad.detail == "down; has no address, not 10.0.0.2/24; MTU 1500, not 9000"
+    assert "thunderbolt role" in bad.fix
+
+
+def test_hostfile_drift_memory_and_disk():
+    gathered = healthy()
+    gathered["nodes"]["node1"]["hostfile"] = "10.0.0.1 slots=1\n"
+    gathered["nodes"]["node2"]["memory"]["available"] = 2**29
+    gathered["nodes"]["node2"]["disk_free"] = 2**30
+    bad = {(c.scope, c.name) for c in failures(gathered)}
+    assert bad == {("node1", "hostfile"), ("node2", "free memory"), ("node2", "free disk")}
+    # Without a model there is nothing to measure memory and disk against.
+    assert {(c.scope, c.name) for c in failures(gathered, None)} == {("node1", "hostfile")}
+
+
+def test_mpi_jobs_must_see_every_slot():
+    gathered = healthy()
+    gathered["jobs"]["hostname"] = (0, "node1\nnode1\n")
+    gathered["jobs"]["all_sum"] = (1, "MPI_Init failed")
+    bad = {c.name: c for c in failures(gathered)}
+    assert set(bad) == {"mpirun -np 3 hostname", "MLX all_sum over every rank"}
+    assert "MPI_Init failed" in bad["MLX all_sum over every rank"].detail
+
+
+def test_render_prints_a_table_per_node_and_one_for_the_pairs():
+    gathered = copy.deepcopy(healthy())
+    gathered["nodes"]["node2"]["venv"]["mlx"] = "0.31.0"
+    out = io.StringIO()
+    doctor.render(doctor.evaluate(cluster(), HOSTFILE, gathered, None), Console(file=out, width=200))
+    text = out.getvalue()
+    assert "node1" in text and "node2" in text and "node pairs (cluster link)" in text
+    assert "FAIL" in text and "nodes must agree" in text
+
+
+def test_the_probe_runs_with_the_standard_library_and_reports_what_it_cannot_find(tmp_path):
+    args = {"cluster_root": str(tmp_path / "root"), "venv": str(tmp_path / "venv"),
+            "interface": "lo", "peers": []}
+    proc = subprocess.run([sys.executable, "-I", "-", json.dumps(args)], input=doctor.PROBE.read_text(),
+                          capture_output=True, text=True, check=True)
+    facts = json.loads(proc.stdout)
+    assert facts["venv"] == {"error": f"{tmp_path / 'venv' / 'bin' / 'python'} does not exist"}
+    assert facts["hostfile"] is None
+    assert facts["interface"]["up"] and "127.0.0.1/8" in facts["interface"]["addresses"]
+    assert facts["memory"]["available"] > 0 and facts["disk_free"] > 0
