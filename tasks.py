@@ -369,6 +369,20 @@ def train(c, inventory=None, config=None, data=None, model=None, iters=None, bat
         _print_run_summary(results)
 
 
+def _relay(cmd: list[str], keep: int = 1 << 16) -> tuple[int, str]:
+    """Run cmd with its output passed through as it comes (progress bars included); return the
+    exit status and the output's tail, from which a failure is described."""
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    tail = b""
+    out = sys.stdout.buffer
+    while chunk := proc.stdout.read1(4096):
+        out.write(chunk)
+        out.flush()
+        tail = (tail + chunk)[-keep:]
+    return proc.wait(), tail.decode(errors="replace")
+
+
 def launch_training(c: Context, cluster: launch.Cluster, *, inventory: str, data_dir: Path,
                     model_dir: Path, config: Path | None, overrides: list[str], backend: str = "mpi",
                     interface: str | None = None, btl_tcp_links: int | None = None,
@@ -399,7 +413,7 @@ def launch_training(c: Context, cluster: launch.Cluster, *, inventory: str, data
     how = backend if cluster.world_size > 1 else "one process, no launcher"
     print(f"==> training on {ranks} ({how}); rank 0 reports:", flush=True)
     start = time.perf_counter()
-    code = subprocess.run(launch_cmd, cwd=REPO).returncode
+    code, output = _relay(launch_cmd)
     results.mkdir(parents=True, exist_ok=True)
     subprocess.run(pull_cmd, cwd=REPO, capture_output=True)
     (results / "run.json").write_text(json.dumps({
@@ -409,7 +423,8 @@ def launch_training(c: Context, cluster: launch.Cluster, *, inventory: str, data
         "launch": commands.join(launch_cmd)}, indent=2) + "\n")
     # summary.json is written last by rank 0: mlx.launch exits 0 even when a rank failed.
     if code != 0 or not (results / "summary.json").exists():
-        raise Exit(f"training failed (exit {code}); what arrived is in {results}", code=code or 1)
+        raise Exit(f"training failed (exit {code}): {launch.describe_failure(cluster, output)}; "
+                   f"what arrived is in {results}", code=code or 1)
     if not (results / "loss.png").exists():
         # Nodes need no matplotlib: the controller draws the plot from the metrics.
         _python_module(c, "training.report", [str(results)])

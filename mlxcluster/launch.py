@@ -8,6 +8,7 @@ tests assert on exact command lines without any host.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -186,3 +187,37 @@ def remote_path(node: Node, path: str) -> str:
     user = conn.get("user")
     host = conn.get("host")
     return f"{user}@{host}:{path}" if user else f"{host}:{path}"
+
+
+def rank_nodes(cluster: Cluster) -> list[str]:
+    """Node name of each rank: mpirun fills the hostfile's hosts in order, slot by slot."""
+    return [n.name for n in cluster.training_nodes for _ in range(n.slots)]
+
+
+_SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
+_FIRST_FAILED = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]\s*Exit code:\s*(\d+)")
+_RANK_ERROR = re.compile(r"^rank (\d+): (?:error: )?(.+)$", re.MULTILINE)
+_LAST_STEP = re.compile(r"iter\s+(\d+)/(\d+)\s+loss")
+
+
+def describe_failure(cluster: Cluster, output: str) -> str:
+    """What a failed launch's output says: which rank on which node, and the last step reported."""
+    names = rank_nodes(cluster)
+    by_ip = {n.thunderbolt_ip: n.name for n in cluster.nodes}
+    parts = []
+    if match := _SIGNALLED.search(output):
+        rank, node, signum = int(match[1]), match[2], int(match[3])
+        node = by_ip.get(node, node)
+        parts.append(f"rank {rank} on {node} was killed by signal {signum}")
+    elif match := _FIRST_FAILED.search(output):
+        rank = int(match[1])
+        node = names[rank] if rank < len(names) else "?"
+        parts.append(f"rank {rank} on {node} exited with status {match[2]}")
+    elif match := _RANK_ERROR.search(output):
+        rank = int(match[1])
+        node = names[rank] if rank < len(names) else "?"
+        parts.append(f"rank {rank} on {node}: {match[2]}")
+    steps = _LAST_STEP.findall(output)
+    parts.append(f"last step reported: {steps[-1][0]} of {steps[-1][1]}" if steps
+                 else "no step was reported")
+    return "; ".join(parts)

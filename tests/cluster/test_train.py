@@ -10,10 +10,12 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from mlxcluster import lab
 from tests.cluster.conftest import fresh_lab
 from training import model as model_tools
 from training.prepare import prepare
@@ -131,3 +133,50 @@ def test_invoke_run_starts_any_command_on_every_slot(provisioned):
     proc = subprocess.run([*base, "false"], cwd=REPO, capture_output=True, text=True,
                           stdin=subprocess.DEVNULL, timeout=120)
     assert proc.returncode == 1
+
+
+def test_a_rank_killed_mid_run_stops_every_rank_and_is_named(provisioned, tmp_path):
+    model_dir, data_dir = tiny_model_and_data(tmp_path)
+    train = subprocess.Popen(
+        [INVOKE, "train", "-i", str(provisioned.inventory), "--model", str(model_dir),
+         "--data", str(data_dir), "--iters", "5000", "--batch-size", "2", "--extra",
+         "--steps-per-report 1 --steps-per-eval 5000 --val-batches 1 --num-layers 1 "
+         "--max-seq-length 256"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.DEVNULL)
+    assert train.stdout is not None
+    try:
+        for line in train.stdout:
+            if line.split()[:2] == ["iter", "3/5000"]:
+                break
+        else:
+            pytest.fail(f"training never reached step 3: {train.stderr.read()[-3000:]}")
+        killed = time.perf_counter()
+        # [.]: the pattern must not match the shell that runs pkill.
+        assert provisioned.ssh(2, "pkill -9 -f 'training[.]finetune'").returncode == 0
+        _, stderr = train.communicate(timeout=120)
+        stopped = time.perf_counter() - killed
+    finally:
+        train.kill()
+    assert train.returncode != 0
+    assert "rank 1 on node2 was killed by signal 9; last step reported: " in stderr, stderr[-2000:]
+    assert stopped < 60, f"the other rank took {stopped:.1f} s to stop"
+    # Nothing is left running on either node.
+    for node in (1, 2):
+        assert provisioned.ssh(node, "pgrep -f 'training[.]finetune'").stdout == ""
+    print(f"rank killed -> invoke train returned in {stopped:.1f} s")
+
+
+def test_train_stops_before_launching_when_a_node_is_down(provisioned, tmp_path):
+    """Last in this file: node2 stays down."""
+    lab.stop_node(provisioned.lab, 2)
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [INVOKE, "train", "-i", str(provisioned.inventory), "--model", str(tmp_path),
+         "--data", str(REPO / "training" / "data")],
+        cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
+    assert proc.returncode != 0
+    assert "not launching: 1 check(s) failed" in proc.stderr, proc.stderr[-2000:]
+    assert "node2" in proc.stderr and "management ssh" in proc.stderr
+    assert "training on" not in proc.stdout and "sync code" not in proc.stdout
+    assert time.perf_counter() - start < 60

@@ -9,8 +9,10 @@ from mlxcluster.launch import (
     LaunchError,
     MpiOptions,
     check_ready,
+    describe_failure,
     mpirun_command,
     on_launcher,
+    rank_nodes,
     rsync_ssh,
     ssh_command,
 )
@@ -81,3 +83,38 @@ def test_check_ready_names_what_to_fix():
         check_ready(cluster, "10.0.0.1 slots=2\n")
     with pytest.raises(LaunchError, match="node2 could not be reached"):
         check_ready(layout(node2={"reachable": False}), "10.0.0.1 slots=2\n10.0.0.2 slots=1\n")
+
+
+def test_ranks_fill_the_hostfile_in_order():
+    assert rank_nodes(layout()) == ["node1", "node1", "node2"]
+
+
+KILLED = """iter  5/100  loss 2.1
+iter 10/100  loss 1.9
+--------------------------------------------------------------------------
+mpirun noticed that process rank 2 with PID 0 on node 10.0.0.2 exited on signal 9 (Killed).
+--------------------------------------------------------------------------
+"""
+
+EXITED = """iter 10/40  loss 1.9
+Primary job  terminated normally, but 1 process returned
+a non-zero exit code. Per user-direction, the job has been aborted.
+--------------------------------------------------------------------------
+mpirun detected that one or more processes exited with non-zero status, thus causing
+the job to be terminated. The first process to do so was:
+
+  Process name: [[4711,1],1]
+  Exit code:    1
+"""
+
+CONFIG = "rank 1: error: batch_size 3 is not divisible by the 2 ranks\n"
+
+
+@pytest.mark.parametrize(("output", "description"), [
+    (KILLED, "rank 2 on node2 was killed by signal 9; last step reported: 10 of 100"),
+    (EXITED, "rank 1 on node1 exited with status 1; last step reported: 10 of 40"),
+    (CONFIG, "rank 1 on node1: batch_size 3 is not divisible by the 2 ranks; no step was reported"),
+    ("ssh: connect to host node1.mgmt: No route to host", "no step was reported"),
+])
+def test_a_failed_launch_is_described_by_rank_node_and_last_step(output, description):
+    assert describe_failure(layout(), output) == description
