@@ -32,7 +32,8 @@ def test_two_ranks_end_with_the_weights_of_one_process():
                                        capture_output=True, text=True, check=True).stdout)
     launch = [str(Path(sys.executable).parent / "mlx.launch"), "--backend", "ring", "-n", "2", "--"]
     result = subprocess.run([*launch, sys.executable, *MODULE, "--copies", "3"], cwd=REPO,
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=120,
+                            stdin=subprocess.DEVNULL)  # mlx.launch makes its stdin non-blocking
     assert result.returncode == 0, result.stdout + result.stderr
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
     assert len(lines) == 1  # only rank 0 reports
