@@ -605,12 +605,104 @@ def _tokens_per_second(results: Path) -> float:
     return json.loads((results / "summary.json").read_text())["tokens_per_second"]
 
 
+def _bench_scaling(c: Context, cluster: launch.Cluster, inventory: str, data_dir: Path,
+                   model_dir: Path, iters: int, batch_size: int, rounds: int) -> dict:
+    """tokens/s of the same run on 1 rank and on 2 (one per node), launched as invoke train does."""
+    head = cluster.head
+    one_rank = launch.Cluster(cluster.launcher, tuple(
+        n if n.name == head.name else dataclasses.replace(n, slots=0) for n in cluster.nodes))
+    # Same global batch and steps; one BLAS thread per rank, so a rank is one core's work.
+    overrides = ["--iters", str(iters), "--batch-size", str(batch_size), "--steps-per-report", "5",
+                 "--steps-per-eval", str(iters), "--val-batches", "2", "--save-every", str(iters)]
+    # Alternate the two so that a slow spell of the (shared) machine hits both alike.
+    runs: dict[str, list[Path]] = {"one_rank": [], "two_ranks": []}
+    for _ in range(rounds):
+        for name, layout in (("one_rank", one_rank), ("two_ranks", cluster)):
+            runs[name].append(launch_training(
+                c, layout, inventory=inventory, data_dir=data_dir, model_dir=model_dir,
+                config=None, overrides=overrides, threads=1))
+    speeds = {name: [_tokens_per_second(r) for r in results] for name, results in runs.items()}
+    one, two = (sum(v) / len(v) for v in (speeds["one_rank"], speeds["two_ranks"]))
+    # What this machine's cores give two independent single-threaded workers: the lab's nodes
+    # share it, so this bounds the 2-over-1 ratio here (separate Macs share nothing). A short
+    # snapshot: it varies from run to run as much as the machine's load does.
+    probe = launch.on_launcher(
+        cluster, ["env", "OPENBLAS_NUM_THREADS=1", "python", "-m", "training.matmul_probe"],
+        workdir=sync.node_paths(head)["work"])
+    alone = json.loads(_on_node(head, probe))["gflops"]
+    with concurrent.futures.ThreadPoolExecutor() as pool:
+        together = sum(json.loads(out)["gflops"] for out in pool.map(
+            lambda node: _on_node(node, probe), cluster.training_nodes))
+    return {
+        "global_batch_size": batch_size, "iters": iters, "blas_threads_per_rank": 1,
+        "rounds": rounds,
+        "one_rank_tokens_per_second": round(one, 1),
+        "two_ranks_tokens_per_second": round(two, 1),
+        "two_over_one": round(two / one, 3),
+        "two_over_one_per_round": [round(b / a, 3) for a, b in zip(
+            speeds["one_rank"], speeds["two_ranks"], strict=True)],
+        "target": 1.8,
+        "matmul_gflops_one_node_alone": alone,
+        "matmul_gflops_two_nodes_at_once": round(together, 2),
+        "machine_ceiling_two_over_one": round(together / alone, 3),
+        "runs": {n: [str(r) for r in rs] for n, rs in runs.items()},
+    }
+
+
+def _bench_blas(head: launch.Node, model_dir: Path, data_dir: Path, iters: int,
+                batch_size: int) -> dict:
+    """tokens/s of one process on a node with provisioning's OpenBLAS, and without (stock)."""
+    paths = sync.node_paths(head)
+    speeds = {}
+    for name, preload in (("openblas", True), ("stock_mlx_cpu", False)):
+        print(f"==> BLAS: {iters} steps on {head.name} with {name}", flush=True)
+        speeds[name] = _single_process_summary(
+            head, model=f"{paths['models']}/{model_dir.name}",
+            data=f"{paths['work']}/data/{data_dir.name}", run=f"{paths['runs']}/bench-{name}",
+            iters=iters, batch_size=batch_size, preload_openblas=preload)["tokens_per_second"]
+    return {
+        "iters": iters, "batch_size": batch_size, "threads": "default (all cores)",
+        "openblas_tokens_per_second": round(speeds["openblas"], 1),
+        "stock_mlx_cpu_tokens_per_second": round(speeds["stock_mlx_cpu"], 1),
+        "openblas_over_stock": round(speeds["openblas"] / speeds["stock_mlx_cpu"], 1),
+        "target": 20,
+    }
+
+
+def _bench_quality(c: Context, cluster: launch.Cluster, inventory: str, data_dir: Path,
+                   model_dir: Path, iters: int | None) -> dict:
+    """The pirate fine-tune on 2 ranks, then base vs fine-tuned on the held-out prompts."""
+    head = cluster.head
+    paths = sync.node_paths(head)
+    remote_model = f"{paths['models']}/{model_dir.name}"
+    print("==> quality: the pirate fine-tune on 2 ranks", flush=True)
+    tuned = launch_training(c, cluster, inventory=inventory, data_dir=data_dir,
+                            model_dir=model_dir, config=None,
+                            overrides=["--iters", str(iters)] if iters else [], threads=1)
+    print("==> quality: base and fine-tuned answers to 20 held-out prompts", flush=True)
+    base = _pirate_scores(head, remote_model, None)
+    ft = _pirate_scores(head, remote_model, f"{paths['runs']}/{tuned.name}")
+    (tuned / "pirate-base.json").write_text(json.dumps(base, indent=2) + "\n")
+    (tuned / "pirate-fine-tuned.json").write_text(json.dumps(ft, indent=2) + "\n")
+    return {
+        "run": str(tuned), "summary": json.loads((tuned / "summary.json").read_text()),
+        "base_mean_markers_per_answer": base["mean_markers_per_answer"],
+        "fine_tuned_mean_markers_per_answer": ft["mean_markers_per_answer"],
+        "base_answers_with_markers": base["answers_with_markers"],
+        "fine_tuned_answers_with_markers": ft["answers_with_markers"],
+        "prompts": base["answers"],
+        "examples": [{"prompt": b["prompt"], "base": b["answer"], "fine_tuned": f["answer"]}
+                     for b, f in zip(base["examples"][:3], ft["examples"][:3], strict=True)],
+    }
+
+
 @task(name="train", help={
     "id": "Lab number (default 8)",
-    "iters": "Steps of each scaling run (default 30)",
+    "iters": "Steps of each scaling run (default 30; 0 skips scaling)",
     "rounds": "Scaling rounds, each a 1-rank then a 2-rank run (default 2)",
     "batch_size": "Global batch of the scaling and BLAS runs (default 4, as in lora.yaml)",
-    "blas_iters": "Steps of each BLAS run (default 3: stock mlx[cpu] takes over a minute a step)",
+    "blas_iters": "Steps of each BLAS run (default 3, as stock mlx[cpu] takes over a minute a "
+                  "step; 0 skips BLAS)",
     "quality_iters": "Steps of the pirate fine-tune that quality is measured on "
                      "(default: the config's, 200; 0 skips quality)",
     "output": "JSON file to write (default runs/bench/train-<time>.json)"})
@@ -632,109 +724,36 @@ def bench_train(c, id=8, iters=30, rounds=2, batch_size=4, blas_iters=3, quality
     inventory = str(_lab_call(lab.up, 2, lab_id))
     env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
            "ANSIBLE_CACHE_PLUGIN_CONNECTION": f"/tmp/mlx-bench-facts-{lab_id}"}
+    result: dict = {"benchmark": "train", "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                    "model": model_dir.name, "data": str(data_dir), "host_cpus": os.cpu_count()}
     try:
         print("==> provisioning a 2-node lab cluster", flush=True)
         _timed_playbook(commands.provision(inventory), env)
         cluster, _ = _cluster(inventory)
-        head = cluster.head
-        one_rank = launch.Cluster(cluster.launcher, tuple(
-            n if n.name == head.name else dataclasses.replace(n, slots=0)
-            for n in cluster.nodes))
-        if one_rank.world_size != 1 or cluster.world_size != 2:
+        if cluster.world_size != 2 or len(cluster.training_nodes) != 2:
             raise Exit(f"the lab should have one slot per node, not {cluster.hostfile_lines()}")
-        # Same global batch and steps; one BLAS thread per rank, so a rank is one core's work.
-        scaling = ["--iters", str(iters), "--batch-size", str(batch_size),
-                   "--steps-per-report", "5", "--steps-per-eval", str(iters), "--val-batches", "2",
-                   "--save-every", str(iters)]
-        # Alternate the two so that a slow spell of the (shared) machine hits both alike.
-        runs: dict[str, list[Path]] = {"one_rank": [], "two_ranks": []}
-        for _ in range(int(rounds)):
-            for name, layout in (("one_rank", one_rank), ("two_ranks", cluster)):
-                runs[name].append(launch_training(
-                    c, layout, inventory=inventory, data_dir=data_dir, model_dir=model_dir,
-                    config=None, overrides=scaling, threads=1))
-        speeds = {name: [_tokens_per_second(r) for r in results] for name, results in runs.items()}
-        one, two = (sum(v) / len(v) for v in (speeds["one_rank"], speeds["two_ranks"]))
-        # What this machine's cores give two independent single-threaded workers: the lab's nodes
-        # share it, so this bounds the 2-over-1 ratio here (separate Macs share nothing).
-        probe = launch.on_launcher(
-            cluster, ["env", "OPENBLAS_NUM_THREADS=1", "python", "-m", "training.matmul_probe"],
-            workdir=sync.node_paths(head)["work"])
-        alone = json.loads(_on_node(head, probe))["gflops"]
-        with concurrent.futures.ThreadPoolExecutor() as pool:
-            together = sum(json.loads(out)["gflops"] for out in pool.map(
-                lambda node: _on_node(node, probe), cluster.training_nodes))
-
-        paths = sync.node_paths(head)
-        remote_model = f"{paths['models']}/{model_dir.name}"
-        remote_data = f"{paths['work']}/data/{data_dir.name}"
-        blas = {}
-        for name, preload in (("openblas", True), ("stock_mlx_cpu", False)):
-            print(f"==> BLAS: {blas_iters} steps on {head.name} with {name}", flush=True)
-            blas[name] = _single_process_summary(
-                head, model=remote_model, data=remote_data, run=f"{paths['runs']}/bench-{name}",
-                iters=int(blas_iters), batch_size=int(batch_size), preload_openblas=preload)
-        quality = None
-        if quality_iters is None or int(quality_iters) > 0:
-            overrides = ["--iters", str(quality_iters)] if quality_iters else []
-            print("==> quality: the pirate fine-tune on 2 ranks", flush=True)
-            tuned = launch_training(c, cluster, inventory=inventory, data_dir=data_dir,
-                                    model_dir=model_dir, config=None, overrides=overrides,
-                                    threads=1)
-            print("==> quality: base and fine-tuned answers to 20 held-out prompts", flush=True)
-            base = _pirate_scores(head, remote_model, None)
-            ft = _pirate_scores(head, remote_model, f"{paths['runs']}/{tuned.name}")
-            (tuned / "pirate-base.json").write_text(json.dumps(base, indent=2) + "\n")
-            (tuned / "pirate-fine-tuned.json").write_text(json.dumps(ft, indent=2) + "\n")
-            quality = {
-                "run": str(tuned), "summary": json.loads((tuned / "summary.json").read_text()),
-                "base_mean_markers_per_answer": base["mean_markers_per_answer"],
-                "fine_tuned_mean_markers_per_answer": ft["mean_markers_per_answer"],
-                "base_answers_with_markers": base["answers_with_markers"],
-                "fine_tuned_answers_with_markers": ft["answers_with_markers"],
-                "prompts": base["answers"],
-                "examples": [{"prompt": b["prompt"], "base": b["answer"], "fine_tuned": f["answer"]}
-                             for b, f in zip(base["examples"][:3], ft["examples"][:3], strict=True)],
-            }
+        if int(iters):
+            result["scaling"] = _bench_scaling(c, cluster, inventory, data_dir, model_dir,
+                                               int(iters), int(batch_size), int(rounds))
+        if int(blas_iters):
+            if not int(iters):  # the scaling runs put the model and data on the node
+                launch_training(c, cluster, inventory=inventory, data_dir=data_dir,
+                                model_dir=model_dir, config=None, overrides=["--iters", "1"])
+            result["blas"] = _bench_blas(cluster.head, model_dir, data_dir, int(blas_iters),
+                                         int(batch_size))
+        if quality_iters is None or int(quality_iters):
+            result["quality"] = _bench_quality(c, cluster, inventory, data_dir, model_dir,
+                                               int(quality_iters) if quality_iters else None)
     finally:
         _lab_call(lab.down, lab_id)
-    openblas, stock = blas["openblas"]["tokens_per_second"], blas["stock_mlx_cpu"]["tokens_per_second"]
-    result = {
-        "benchmark": "train",
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "model": model_dir.name, "data": str(data_dir), "host_cpus": os.cpu_count(),
-        "scaling": {
-            "global_batch_size": int(batch_size), "iters": int(iters),
-            "blas_threads_per_rank": 1,
-            "one_rank_tokens_per_second": round(one, 1),
-            "two_ranks_tokens_per_second": round(two, 1),
-            "two_over_one": round(two / one, 3),
-            "target": 1.8,
-            "rounds": int(rounds),
-            "two_over_one_per_round": [round(b / a, 3) for a, b in zip(
-                speeds["one_rank"], speeds["two_ranks"], strict=True)],
-            "matmul_gflops_one_node_alone": alone,
-            "matmul_gflops_two_nodes_at_once": round(together, 2),
-            "machine_ceiling_two_over_one": round(together / alone, 3),
-            "runs": {n: [str(r) for r in rs] for n, rs in runs.items()},
-        },
-        "blas": {
-            "iters": int(blas_iters), "batch_size": int(batch_size),
-            "threads": "default (all cores)",
-            "openblas_tokens_per_second": round(openblas, 1),
-            "stock_mlx_cpu_tokens_per_second": round(stock, 1),
-            "openblas_over_stock": round(openblas / stock, 1),
-            "target": 20,
-        },
-        "quality": quality,
-    }
     out = Path(output) if output else (
         REPO / "runs" / "bench" / f"train-{dt.datetime.now():%Y%m%d-%H%M%S}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k != "quality"}, indent=2))
-    if quality:
-        print(json.dumps({k: v for k, v in quality.items() if k != "summary"}, indent=2))
+    shown = {k: v for k, v in result.items() if k != "quality"}
+    if "quality" in result:
+        shown["quality"] = {k: v for k, v in result["quality"].items() if k != "summary"}
+    print(json.dumps(shown, indent=2))
     print(f"wrote {out}")
 
 

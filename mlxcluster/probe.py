@@ -62,13 +62,14 @@ def interface(name: str) -> dict[str, Any]:
         addresses = [f"{ip}/{bin(int(mask, 16)).count('1')}"
                      for ip, mask in re.findall(r"inet (\S+) netmask (0x[0-9a-f]+)", out)]
         return {"up": "<UP" in out or ",UP" in out, "mtu": int(mtu.group(1)) if mtu else None,
-                "addresses": addresses}
+                "addresses": addresses, "loopback": "LOOPBACK" in out}
     code, out = _run(["ip", "-j", "addr", "show", "dev", name])
     if code != 0:
         return {"error": out or f"no interface {name}"}
     info = json.loads(out)[0]
     return {"up": "UP" in info.get("flags", []) and info.get("operstate") != "DOWN",
             "mtu": info.get("mtu"),
+            "loopback": info.get("link_type") == "loopback",
             "addresses": [f"{a['local']}/{a['prefixlen']}" for a in info.get("addr_info", [])
                           if a.get("family") == "inet"]}
 

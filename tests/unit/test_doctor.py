@@ -132,4 +132,12 @@ def test_the_probe_runs_with_the_standard_library_and_reports_what_it_cannot_fin
     assert facts["venv"] == {"error": f"{tmp_path / 'venv' / 'bin' / 'python'} does not exist"}
     assert facts["hostfile"] is None
     assert facts["interface"]["up"] and "127.0.0.1/8" in facts["interface"]["addresses"]
+    assert facts["interface"]["loopback"] is True
     assert facts["memory"]["available"] > 0 and facts["disk_free"] > 0
+
+
+def test_loopback_keeps_its_own_mtu():
+    """The single-machine inventory runs over lo, which the thunderbolt role leaves alone."""
+    gathered = healthy()
+    gathered["nodes"]["node1"]["interface"].update(mtu=65536, loopback=True)
+    assert failures(gathered) == []
