@@ -369,6 +369,17 @@ def train(c, inventory=None, config=None, data=None, model=None, iters=None, bat
         _print_run_summary(results)
 
 
+def _stop_run(cluster: launch.Cluster, run_id: str) -> None:
+    """Stop a run's launcher on the launcher node; it takes every rank down with it.
+
+    Needed when ssh had no tty (output piped, CI): then closing ssh does not hang up the
+    remote side, and mpirun would train on unattended.
+    """
+    pattern = f"(mpirun|mlx\\.launch|python) .*runs/{run_id}"
+    subprocess.run(launch.ssh_command(cluster.head, f"pkill -TERM -f {shlex.quote(pattern)}"),
+                   cwd=REPO, capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
+
+
 def _relay(cmd: list[str], keep: int = 1 << 16) -> tuple[int, str]:
     """Run cmd with its output passed through as it comes (progress bars included); return the
     exit status and the output's tail, from which a failure is described."""
@@ -413,7 +424,11 @@ def launch_training(c: Context, cluster: launch.Cluster, *, inventory: str, data
     how = backend if cluster.world_size > 1 else "one process, no launcher"
     print(f"==> training on {ranks} ({how}); rank 0 reports:", flush=True)
     start = time.perf_counter()
-    code, output = _relay(launch_cmd)
+    try:
+        code, output = _relay(launch_cmd)
+    except KeyboardInterrupt:
+        _stop_run(cluster, run_id)
+        raise Exit(f"interrupted: every rank of run {run_id} was stopped", code=130) from None
     results.mkdir(parents=True, exist_ok=True)
     subprocess.run(pull_cmd, cwd=REPO, capture_output=True)
     (results / "run.json").write_text(json.dumps({

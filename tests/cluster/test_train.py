@@ -187,6 +187,35 @@ def test_a_rank_killed_mid_run_stops_every_rank_and_is_named(provisioned, tmp_pa
     print(f"rank killed -> invoke train returned in {stopped:.1f} s")
 
 
+def test_ctrl_c_on_the_controller_stops_every_rank(provisioned, tmp_path):
+    """Without a tty (output piped), ssh hangs nothing up: invoke train stops the run itself."""
+    model_dir, data_dir = tiny_model_and_data(tmp_path)
+    train = subprocess.Popen(
+        [INVOKE, "train", "-i", str(provisioned.inventory), "--model", str(model_dir),
+         "--data", str(data_dir), "--iters", "5000", "--batch-size", "2", "--extra",
+         "--steps-per-report 1 --steps-per-eval 5000 --val-batches 1 --num-layers 1 "
+         "--max-seq-length 256"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.DEVNULL)
+    assert train.stdout is not None
+    try:
+        for line in train.stdout:
+            if line.split()[:2] == ["iter", "3/5000"]:
+                break
+        else:
+            pytest.fail(f"training never reached step 3: {train.stderr.read()[-3000:]}")
+        train.send_signal(signal.SIGINT)
+        _, stderr = train.communicate(timeout=60)
+    finally:
+        train.kill()
+    assert train.returncode == 130, stderr[-2000:]
+    assert "interrupted: every rank of run" in stderr
+    deadline = time.monotonic() + 30
+    while any(finetune_pids(provisioned, n) for n in (1, 2)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert finetune_pids(provisioned, 1) == finetune_pids(provisioned, 2) == []
+
+
 def test_train_stops_before_launching_when_a_node_is_down(provisioned, tmp_path):
     """Last in this file: node2 stays down."""
     lab.stop_node(provisioned.lab, 2)
@@ -196,7 +225,8 @@ def test_train_stops_before_launching_when_a_node_is_down(provisioned, tmp_path)
          "--data", str(REPO / "training" / "data")],
         cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
     assert proc.returncode != 0
-    assert "not launching: 1 check(s) failed" in proc.stderr, proc.stderr[-2000:]
+    # node2 itself, and node1 -> node2 over the link
+    assert "not launching: 2 check(s) failed" in proc.stderr, proc.stderr[-2000:]
     assert "node2" in proc.stderr and "management ssh" in proc.stderr
     assert "training on" not in proc.stdout and "sync code" not in proc.stdout
     assert time.perf_counter() - start < 60
