@@ -119,7 +119,8 @@ def test_doctor_is_green_on_the_healthy_cluster(lab_cluster):
     # Every ordered pair of nodes was tried over the cluster link.
     assert len([c for c in checks if c["name"] == "ssh over the cluster link"]) == 6
     assert re.search(r"(\d+) of \1 checks passed on 3 nodes", summary), summary
-    assert elapsed < 30, f"doctor took {elapsed:.1f} s"  # the issue's bound, with a wide margin
+    assert elapsed < 30, f"doctor took {elapsed:.1f} s"  # the issue's bound
+    print(f"invoke doctor on a healthy 3-node lab: {elapsed:.1f} s")
 
 
 MLX_LM_METADATA = f"{CLUSTER_ROOT}/venv/lib/python3*/site-packages/mlx_lm-*.dist-info/METADATA"
@@ -155,12 +156,13 @@ def test_doctor_names_a_broken_key_a_version_mismatch_and_a_down_interface(lab_c
     assert "nodes must agree" in version["fix"]
     link = red["node2", "interface bridge0"]
     assert link["detail"].startswith("down") and "thunderbolt role" in link["fix"]
-    # With node2's link down nobody reaches it over the link, and the MPI jobs wait for a
+    # With node2's link down nothing crosses it either way, and the MPI jobs wait for a
     # cluster without red checks; nothing else is red.
-    assert set(red) == {("node1 -> node3", "ssh over the cluster link"),
+    link = "ssh over the cluster link"
+    assert set(red) == {("node1 -> node3", link),
                         ("node2", "mlx-lm"), ("node2", "interface bridge0"),
-                        ("node1 -> node2", "ssh over the cluster link"),
-                        ("node3 -> node2", "ssh over the cluster link"),
+                        ("node1 -> node2", link), ("node3 -> node2", link),
+                        ("node2 -> node1", link), ("node2 -> node3", link),
                         ("cluster", "MPI jobs (mpirun hostname, MLX all_sum)")}, sorted(red)
     assert doctor(lab_cluster)[0] == 0  # repaired
 
