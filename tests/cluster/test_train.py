@@ -6,6 +6,7 @@ Thunderbolt-like link; the artifacts must arrive in runs/ on the controller.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -13,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -153,22 +155,31 @@ def finetune_pids(cluster, node: int) -> list[int]:
     return found
 
 
-def test_a_rank_killed_mid_run_stops_every_rank_and_is_named(provisioned, tmp_path):
+@contextlib.contextmanager
+def training_under_way(cluster, tmp_path: Path) -> Iterator[subprocess.Popen]:
+    """`invoke train` on a long run, handed over once rank 0 has reported step 3; killed after."""
     model_dir, data_dir = tiny_model_and_data(tmp_path)
     train = subprocess.Popen(
-        [INVOKE, "train", "-i", str(provisioned.inventory), "--model", str(model_dir),
+        [INVOKE, "train", "-i", str(cluster.inventory), "--model", str(model_dir),
          "--data", str(data_dir), "--iters", "5000", "--batch-size", "2", "--extra",
          "--steps-per-report 1 --steps-per-eval 5000 --val-batches 1 --num-layers 1 "
          "--max-seq-length 256"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         stdin=subprocess.DEVNULL)
-    assert train.stdout is not None
+    assert train.stdout is not None and train.stderr is not None
     try:
         for line in train.stdout:
             if line.split()[:2] == ["iter", "3/5000"]:
                 break
         else:
             pytest.fail(f"training never reached step 3: {train.stderr.read()[-3000:]}")
+        yield train
+    finally:
+        train.kill()
+
+
+def test_a_rank_killed_mid_run_stops_every_rank_and_is_named(provisioned, tmp_path):
+    with training_under_way(provisioned, tmp_path) as train:
         killed = time.perf_counter()
         rank1 = finetune_pids(provisioned, 2)
         assert rank1, "no training process on node2"
@@ -176,8 +187,6 @@ def test_a_rank_killed_mid_run_stops_every_rank_and_is_named(provisioned, tmp_pa
             os.kill(pid, signal.SIGKILL)
         _, stderr = train.communicate(timeout=120)
         stopped = time.perf_counter() - killed
-    finally:
-        train.kill()
     assert train.returncode != 0
     assert "rank 1 on node2 was killed by signal 9; last step reported: " in stderr, stderr[-2000:]
     assert stopped < 60, f"the other rank took {stopped:.1f} s to stop"
@@ -189,25 +198,9 @@ def test_a_rank_killed_mid_run_stops_every_rank_and_is_named(provisioned, tmp_pa
 
 def test_ctrl_c_on_the_controller_stops_every_rank(provisioned, tmp_path):
     """Without a tty (output piped), ssh hangs nothing up: invoke train stops the run itself."""
-    model_dir, data_dir = tiny_model_and_data(tmp_path)
-    train = subprocess.Popen(
-        [INVOKE, "train", "-i", str(provisioned.inventory), "--model", str(model_dir),
-         "--data", str(data_dir), "--iters", "5000", "--batch-size", "2", "--extra",
-         "--steps-per-report 1 --steps-per-eval 5000 --val-batches 1 --num-layers 1 "
-         "--max-seq-length 256"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        stdin=subprocess.DEVNULL)
-    assert train.stdout is not None
-    try:
-        for line in train.stdout:
-            if line.split()[:2] == ["iter", "3/5000"]:
-                break
-        else:
-            pytest.fail(f"training never reached step 3: {train.stderr.read()[-3000:]}")
+    with training_under_way(provisioned, tmp_path) as train:
         train.send_signal(signal.SIGINT)
         _, stderr = train.communicate(timeout=60)
-    finally:
-        train.kill()
     assert train.returncode == 130, stderr[-2000:]
     assert "interrupted: every rank of run" in stderr
     deadline = time.monotonic() + 30
