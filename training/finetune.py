@@ -22,8 +22,15 @@ What this adds:
   `metrics.jsonl`, `config.yaml` (the resolved settings: `--config` it to run again),
   `adapter_config.json` as mlx-lm writes it, `loss.png` and `summary.json`, next to the adapters.
 
-A resumed run (`resume_adapter_file`) starts from the saved adapter weights; the optimizer state and
-the iteration count start afresh, as in mlx-lm.
+Every `save_every` steps rank 0 writes a checkpoint (`training/checkpoint.py`: adapters, optimizer
+state, step, RNG key, written aside and renamed into place). `--resume` continues the run in
+`adapter_path` from its latest checkpoint: the same adapters, Adam moments, step counter, learning
+rate schedule position and batch order (`training/batches.py`), so an interrupted and resumed run
+ends with the adapters of an uninterrupted one. `resume_adapter_file` instead starts a new run from
+saved adapter weights alone, with a fresh optimizer, as mlx-lm does.
+
+A rank with no finished step or validation batch for `stall_timeout` seconds stops itself
+(`training/watchdog.py`): a node gone from the network otherwise leaves the rest waiting for ever.
 """
 
 from __future__ import annotations
@@ -48,7 +55,7 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 import yaml
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm import load
 from mlx_lm.tuner import trainer
 from mlx_lm.tuner.callbacks import TrainingCallback
@@ -58,11 +65,13 @@ from mlx_lm.utils import save_config
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from training import report
+from training import checkpoint, report
+from training.batches import seeded_iterate_batches
+from training.watchdog import StallWatchdog
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "lora.yaml"
 LR_SCHEDULES = ("none", "cosine")
-# What rank 0 leaves in adapter_path, besides the <step>_adapters.safetensors checkpoints.
+# What rank 0 leaves in adapter_path, besides the checkpoints/ directory.
 OUTPUT_FILES = (
     "adapters.safetensors",
     "adapter_config.json",
@@ -124,8 +133,12 @@ class FinetuneConfig:
     save_every: int = field(default=100, metadata={"help": "steps between adapter checkpoints"})
     seed: int = field(default=0, metadata={"help": "seed of LoRA init, dropout and batch order"})
     grad_checkpoint: bool = field(default=False, metadata={"help": "recompute activations to save memory"})
+    stall_timeout: int = field(
+        default=60,
+        metadata={"help": "seconds without progress after which a rank stops (a node or link is gone)"},
+    )
     resume_adapter_file: str | None = field(
-        default=None, metadata={"help": "adapters.safetensors to start from"}
+        default=None, metadata={"help": "adapters.safetensors to start a new run from"}
     )
 
 
@@ -200,7 +213,15 @@ def config_problems(config: FinetuneConfig, world_size: int = 1) -> list[str]:
     for key in ("model", "data", "adapter_path"):
         if not getattr(config, key):
             problems.append(f"{key} must not be empty")
-    at_least_one = ("iters", "batch_size", "lora_rank", "steps_per_report", "steps_per_eval", "save_every")
+    at_least_one = (
+        "iters",
+        "batch_size",
+        "lora_rank",
+        "steps_per_report",
+        "steps_per_eval",
+        "save_every",
+        "stall_timeout",
+    )
     for key in at_least_one:
         if getattr(config, key) < 1:
             problems.append(f"{key} must be at least 1, got {getattr(config, key)}")
@@ -406,13 +427,20 @@ class ProgressDisplay:
     """
 
     def __init__(
-        self, total_iters: int, console: Console | None, clock: Callable[[], float] = time.monotonic
+        self,
+        total_iters: int,
+        console: Console | None,
+        clock: Callable[[], float] = time.monotonic,
+        first_iteration: int = 0,
     ):
         self.total = total_iters
         self.console = console
         self.clock = clock
         self.started = clock()
-        self.iteration = 0
+        self.first_iteration = first_iteration  # a resumed run's checkpoint step
+        self.iteration = first_iteration
+        # Called on every rank after each step and after each validation batch.
+        self.progress_hooks: list[Callable[[], None]] = []
         self.progress: Progress | None = None
         if console is not None and console.is_terminal:
             self.progress = Progress(
@@ -423,7 +451,9 @@ class ProgressDisplay:
                 TimeRemainingColumn(),
                 console=console,
             )
-            self.task = self.progress.add_task("train", total=total_iters, stats="")
+            self.task = self.progress.add_task(
+                "train", total=total_iters, completed=first_iteration, stats=""
+            )
         self.stats = {"loss": "-", "val": "-", "tok/s": "-", "peak": "-"}
 
     def __enter__(self) -> ProgressDisplay:
@@ -442,9 +472,10 @@ class ProgressDisplay:
             self.console.file.flush()
 
     def eta(self, iteration: int) -> float | None:
-        if iteration <= 0:
+        done = iteration - self.first_iteration
+        if done <= 0:
             return None
-        return (self.clock() - self.started) / iteration * (self.total - iteration)
+        return (self.clock() - self.started) / done * (self.total - iteration)
 
     def show_train(self, record: Mapping[str, Any]) -> None:
         self.print(train_line(record, self.total, self.eta(record["iteration"])))
@@ -470,6 +501,11 @@ class ProgressDisplay:
         self.iteration += 1
         if self.progress is not None:
             self.progress.advance(self.task)
+        self.progressed()
+
+    def progressed(self) -> None:
+        for hook in self.progress_hooks:
+            hook()
 
     def report_train(self, *args: object) -> None:
         pass
@@ -483,11 +519,16 @@ class ProgressDisplay:
     @contextlib.contextmanager
     def val_task(self, total: int) -> Iterator[Callable[[], None]]:
         if self.progress is None:
-            yield lambda: None
+            yield self.progressed
             return
         task = self.progress.add_task("val", total=total, stats="")
+
+        def advance() -> None:
+            self.progress.advance(task)  # type: ignore[union-attr]
+            self.progressed()
+
         try:
-            yield lambda: self.progress.advance(task)  # type: ignore[union-attr]
+            yield advance
         finally:
             self.progress.remove_task(task)
 
@@ -496,11 +537,24 @@ def _peak_memory_gb() -> float:
     return mx.get_peak_memory() / 1e9
 
 
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a resumed run picks up: its checkpoint's step, and (rank 0) what came before."""
+
+    step: int
+    trained_tokens: int = 0
+    wall_time: float = 0.0
+    records: tuple[dict[str, Any], ...] = ()  # metrics.jsonl records up to the checkpoint
+
+
 class MetricsCallback(TrainingCallback):
     """Writes each train report and validation as one JSON line of `metrics_file`, on rank 0 only.
 
     The trainer calls it on every rank with the same global numbers (it sums losses and tokens
     across ranks first); other ranks keep the records in memory and write nothing.
+
+    In a resumed run the trainer counts iterations and tokens from the checkpoint: they are
+    reported here from the start of the run, after the records that came before the checkpoint.
     """
 
     def __init__(
@@ -510,6 +564,7 @@ class MetricsCallback(TrainingCallback):
         display: ProgressDisplay | None = None,
         clock: Callable[[], float] = time.monotonic,
         peak_memory_gb: Callable[[], float] = _peak_memory_gb,
+        resumed: ResumePoint | None = None,
     ):
         self.writes = group.rank() == 0
         self.world_size = group.size()
@@ -517,13 +572,29 @@ class MetricsCallback(TrainingCallback):
         self.display = display
         self.clock = clock
         self.peak_memory_gb = peak_memory_gb
-        self.started = clock()
-        self.records: list[dict[str, Any]] = []
-        self._last_iteration = 0
-        self._last_tokens = 0
+        start = resumed or ResumePoint(step=0)
+        self.offset = start.step
+        self.started = clock() - start.wall_time
+        self.records: list[dict[str, Any]] = list(start.records)
+        self._last_iteration = start.step
+        self._last_tokens = start.trained_tokens
+        self._tokens_before = start.trained_tokens
+        # Called with the (run's) iteration after each train report is written.
+        self.report_hooks: list[Callable[[int], None]] = []
         if self.writes:
             metrics_file.parent.mkdir(parents=True, exist_ok=True)
-            metrics_file.write_text("")
+            text = "".join(json.dumps(record) + "\n" for record in self.records)
+            partial = metrics_file.with_name(f".{metrics_file.name}.partial")
+            partial.write_text(text, encoding="utf-8")
+            os.replace(partial, metrics_file)
+
+    @property
+    def trained_tokens(self) -> int:
+        return self._last_tokens
+
+    @property
+    def wall_time(self) -> float:
+        return self.clock() - self.started
 
     def _write(self, record: dict[str, Any]) -> None:
         self.records.append(record)
@@ -532,7 +603,8 @@ class MetricsCallback(TrainingCallback):
                 out.write(json.dumps(record) + "\n")
 
     def on_train_loss_report(self, info: Mapping[str, Any]) -> None:
-        iteration, tokens = int(info["iteration"]), int(info["trained_tokens"])
+        iteration = int(info["iteration"]) + self.offset
+        tokens = int(info["trained_tokens"]) + self._tokens_before
         tokens_per_second = float(info["tokens_per_second"])
         # mlx-lm measures the time of the steps since the last report; its iterations_per_second
         # assumes steps_per_report of them, one report too many when iters is not a multiple.
@@ -554,10 +626,12 @@ class MetricsCallback(TrainingCallback):
         self._write(record)
         if self.display is not None:
             self.display.show_train(record)
+        for hook in self.report_hooks:
+            hook(iteration)
 
     def on_val_loss_report(self, info: Mapping[str, Any]) -> None:
         record = {
-            "iteration": int(info["iteration"]),
+            "iteration": int(info["iteration"]) + self.offset,
             "val_loss": float(info["val_loss"]),
             "val_time": float(info["val_time"]),
             "peak_memory_gb": self.peak_memory_gb(),
@@ -595,25 +669,179 @@ def load_data(config: FinetuneConfig, tokenizer: Any) -> tuple[Any, Any]:
     return train_set, valid_set
 
 
+def fit_problems(saved: Mapping[str, mx.array], expected: Mapping[str, mx.array]) -> str:
+    """Why saved arrays are not exactly `expected`'s names and shapes ("" when they are)."""
+    problems = [f"{name}: not a parameter of this model" for name in saved if name not in expected]
+    problems += [f"{name}: missing" for name in expected if name not in saved]
+    problems += [
+        f"{name}: shape {tuple(w.shape)}, the model's is {tuple(expected[name].shape)}"
+        for name, w in saved.items()
+        if name in expected and w.shape != expected[name].shape
+    ]
+    shown = problems[:5] + ([f"... and {len(problems) - 5} more"] if len(problems) > 5 else [])
+    return "\n  ".join(shown)
+
+
 def resume_from(model: nn.Module, path: str) -> None:
     """Load saved adapter weights, which must be exactly this model's trainable parameters."""
     weights = mx.load(path)
     assert isinstance(weights, dict)
-    params = dict(tree_flatten(model.trainable_parameters()))
-    problems = [f"{name}: not a LoRA parameter of this model" for name in weights if name not in params]
-    problems += [f"{name}: missing" for name in params if name not in weights]
-    problems += [
-        f"{name}: shape {tuple(w.shape)}, the model's is {tuple(params[name].shape)}"
-        for name, w in weights.items()
-        if name in params and w.shape != params[name].shape
-    ]
-    if problems:
-        shown = problems[:5] + ([f"... and {len(problems) - 5} more"] if len(problems) > 5 else [])
+    if problems := fit_problems(weights, dict(tree_flatten(model.trainable_parameters()))):
         raise ConfigError(
-            f"resume_adapter_file: {path} does not fit (other lora_rank or num_layers?):\n  "
-            + "\n  ".join(shown)
+            f"resume_adapter_file: {path} does not fit (other lora_rank or num_layers?):\n  {problems}"
         )
     model.load_weights(list(weights.items()), strict=False)
+
+
+def _records_before(metrics_file: Path, step: int) -> tuple[dict[str, Any], ...]:
+    """The metrics records a checkpoint at `step` had behind it (validations at `step` are redone)."""
+    try:
+        lines = metrics_file.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return ()
+    records = []
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            break  # the last line, cut short by the interruption
+    return tuple(
+        r for r in records if r["iteration"] < step or (r["iteration"] == step and "train_loss" in r)
+    )
+
+
+def resume_point(
+    config: FinetuneConfig, group: Any, model: nn.Module, optimizer: optim.Optimizer, data_digest: str
+) -> ResumePoint | None:
+    """Load the latest checkpoint of the run in adapter_path on every rank; None if there is none.
+
+    Rank 0 reads it and checks that it belongs to this run (same settings and data); every rank
+    then gets its adapters, optimizer state and RNG key from rank 0.
+    """
+    out = Path(config.adapter_path)
+    rank0 = group.rank() == 0
+    # What every rank will receive, with this rank's own (ignored) values to give names and shapes.
+    optimizer.init(model.trainable_parameters())
+    arrays = {f"adapters/{k}": v for k, v in tree_flatten(model.trainable_parameters())}
+    arrays |= {f"optimizer/{k}": v for k, v in tree_flatten(optimizer.state)}
+    arrays["random_key"] = mx.random.state[0]
+    problem, found = "", None
+    if rank0:
+        found = checkpoint.latest(out)
+        if found is not None:
+            problem = "\n  ".join(
+                checkpoint.settings_differences(found.state.get("settings", {}), asdict(config))
+            )
+            if found.state.get("data_sha256") != data_digest:
+                problem += f"\n  data: {config.data}/train.jsonl is not the file the run was trained on"
+            if not problem:
+                adapters, optimizer_state = checkpoint.load_arrays(found)
+                saved = {f"adapters/{k}": v for k, v in adapters.items()}
+                saved |= {f"optimizer/{k}": v for k, v in optimizer_state.items()}
+                saved["random_key"] = mx.array(found.state["random_key"], dtype=mx.uint32)
+                problem = fit_problems(saved, arrays) or "\n  ".join(
+                    f"{name}: {value.dtype}, this run's is {arrays[name].dtype}"
+                    for name, value in saved.items()
+                    if value.dtype != arrays[name].dtype
+                )
+                arrays = saved
+    # Rank 0 tells every rank whether to go on, and from which step.
+    status = mx.array([1 if problem else 0, found.step if found else -1])
+    status = checkpoint.broadcast({"status": status}, group)["status"].tolist()
+    if status[0]:
+        if rank0:
+            raise ConfigError(f"cannot resume from {found.path if found else out}:\n  {problem.strip()}")
+        raise ConfigError("rank 0 could not resume the run (its message says why)")
+    if status[1] < 0:
+        if rank0:
+            print(
+                f"note: no checkpoint in {out / checkpoint.DIRECTORY} yet: starting from step 0", flush=True
+            )
+        return None
+    arrays = checkpoint.broadcast(arrays, group)
+    model.load_weights(
+        [(k.removeprefix("adapters/"), v) for k, v in arrays.items() if k.startswith("adapters/")],
+        strict=False,
+    )
+    optimizer.state = tree_unflatten(
+        [(k.removeprefix("optimizer/"), v) for k, v in arrays.items() if k.startswith("optimizer/")]
+    )
+    # mx.random.state cannot be assigned to; a seed is the key's two 32-bit halves.
+    high, low = arrays["random_key"].tolist()
+    mx.random.seed((high << 32) | low)
+    step = int(status[1])
+    if not rank0:
+        return ResumePoint(step=step)
+    assert found is not None
+    if found.state.get("world_size") != group.size():
+        print(
+            f"note: the checkpoint was made on {found.state.get('world_size')} ranks, this run has "
+            f"{group.size()}: the same batches, but their per-rank averages round differently",
+            flush=True,
+        )
+    print(f"resuming from {found.path} (step {step} of {config.iters})", flush=True)
+    return ResumePoint(
+        step=step,
+        trained_tokens=int(found.state.get("trained_tokens", 0)),
+        wall_time=float(found.state.get("wall_time", 0.0)),
+        records=_records_before(out / "metrics.jsonl", step),
+    )
+
+
+class Checkpointer:
+    """Writes a checkpoint (rank 0) at the first train report at or after every `save_every` steps.
+
+    Checkpoints are taken at reports so that the checkpoint's metrics and token count include its
+    step, and so that a run resumed from it reports at the same steps as an uninterrupted run
+    (the trainer counts its steps from where it starts).
+    """
+
+    def __init__(
+        self,
+        config: FinetuneConfig,
+        group: Any,
+        model: nn.Module,
+        optimizer: optim.Optimizer,
+        callback: MetricsCallback,
+        display: ProgressDisplay,
+        first_step: int,
+        data_digest: str,
+    ):
+        self.config = config
+        self.writes = group.rank() == 0
+        self.world_size = group.size()
+        self.model = model
+        self.optimizer = optimizer
+        self.callback = callback
+        self.display = display
+        self.data_digest = data_digest
+        self.due = (first_step // config.save_every + 1) * config.save_every
+
+    def after_report(self, step: int) -> None:
+        if step >= self.due:
+            self.save(step)
+            self.due = (step // self.config.save_every + 1) * self.config.save_every
+
+    def save(self, step: int) -> None:
+        if not self.writes:
+            return
+        adapters = dict(tree_flatten(self.model.trainable_parameters()))
+        path = checkpoint.save(
+            Path(self.config.adapter_path),
+            step,
+            adapters,
+            dict(tree_flatten(self.optimizer.state)),
+            {
+                "trained_tokens": self.callback.trained_tokens,
+                "wall_time": self.callback.wall_time,
+                "world_size": self.world_size,
+                "random_key": mx.random.state[0].tolist(),
+                "data_sha256": self.data_digest,
+                "settings": asdict(self.config),
+            },
+        )
+        checkpoint.save_safetensors(Path(self.config.adapter_path) / "adapters.safetensors", adapters)
+        self.display.report_save(path)
 
 
 @contextlib.contextmanager
@@ -652,8 +880,13 @@ def ranks_with_openblas(group: Any) -> int:
     return int(mx.distributed.all_sum(mine, group=group, stream=mx.cpu).item())
 
 
-def run(config: FinetuneConfig, group: Any, console: Console | None = None) -> dict[str, Any] | None:
-    """Train on this rank; rank 0 writes the outputs and returns the summary."""
+def run(
+    config: FinetuneConfig, group: Any, console: Console | None = None, resume: bool = False
+) -> dict[str, Any] | None:
+    """Train on this rank; rank 0 writes the outputs and returns the summary.
+
+    resume: continue the run in adapter_path from its latest checkpoint (if it has one).
+    """
     rank0 = group.rank() == 0
     started = time.monotonic()
     model, tokenizer = load(config.model)
@@ -686,49 +919,82 @@ def run(config: FinetuneConfig, group: Any, console: Console | None = None) -> d
 
     schedule = lr_schedule_config(config)
     optimizer = optim.Adam(learning_rate=build_schedule(schedule) if schedule else config.learning_rate)
-    display = ProgressDisplay(config.iters, (console or Console()) if rank0 else None)
-    callback = MetricsCallback(group, out / "metrics.jsonl", display)
+    data_digest = checkpoint.file_digest(Path(config.data) / "train.jsonl") if rank0 else ""
+    resumed = resume_point(config, group, model, optimizer, data_digest) if resume else None
+    first_step = resumed.step if resumed else 0
+
+    display = ProgressDisplay(
+        config.iters, (console or Console()) if rank0 else None, first_iteration=first_step
+    )
+    callback = MetricsCallback(group, out / "metrics.jsonl", display, resumed=resumed)
+    checkpointer = Checkpointer(config, group, model, optimizer, callback, display, first_step, data_digest)
+    callback.report_hooks.append(checkpointer.after_report)
+    prefix = f"rank {group.rank()}: " if group.size() > 1 else ""
+    # Compiling and the first step can take minutes on a big model; after that, the run's pace.
+    watchdog = StallWatchdog(
+        config.stall_timeout, first_timeout=max(600, 10 * config.stall_timeout), describe=lambda: prefix
+    )
+    display.progress_hooks.append(watchdog.pet)
+    # The trainer's own saves are off (checkpoints are the Checkpointer's), and its final save goes
+    # to a partial file that is renamed once complete.
+    final_partial = out / ".adapters.partial.safetensors"
     training_args = trainer.TrainingArgs(
         batch_size=config.batch_size,
-        iters=config.iters,
+        iters=config.iters - first_step,
         val_batches=config.val_batches,
         steps_per_report=config.steps_per_report,
         steps_per_eval=config.steps_per_eval,
-        steps_per_save=config.save_every,
+        steps_per_save=config.iters + 1,
         max_seq_length=config.max_seq_length,
-        adapter_file=str(out / "adapters.safetensors"),
+        adapter_file=str(final_partial),
         grad_checkpoint=config.grad_checkpoint,
     )
-    with _replaced(trainer, "TrainUI", lambda *_, **__: display):
-        trainer.train(
-            model=model,
-            optimizer=optimizer,
-            train_dataset=CacheDataset(train_set),
-            val_dataset=valid,
-            args=training_args,
-            training_callback=callback,
-        )
-    # mlx-lm's last validation runs before the last step: validate the adapters it saved.
-    if valid is not None:
-        tic = time.perf_counter()
-        val_loss = trainer.evaluate(
-            model=model,
-            dataset=valid,
-            batch_size=config.batch_size,
-            num_batches=config.val_batches,
-            max_seq_length=config.max_seq_length,
-        )
-        callback.on_val_loss_report(
-            {"iteration": config.iters, "val_loss": val_loss, "val_time": time.perf_counter() - tic}
-        )
-    # Every rank must end with the same LoRA weights (mlx-lm averages the gradients): check it.
-    spread = weight_spread_across_ranks(model, group)
-    openblas = ranks_with_openblas(group)
+    batches = seeded_iterate_batches(config.seed, skip=first_step)
+    watchdog.start()
+    try:
+        with _replaced(trainer, "TrainUI", lambda *_, **__: display):
+            trainer.train(
+                model=model,
+                optimizer=optimizer,
+                train_dataset=CacheDataset(train_set),
+                val_dataset=valid,
+                args=training_args,
+                iterate_batches=batches,
+                training_callback=callback,
+            )
+        if rank0:
+            os.replace(final_partial, out / "adapters.safetensors")
+        # mlx-lm's last validation runs before the last step: validate the adapters it saved.
+        if valid is not None:
+            tic = time.perf_counter()
+            val_loss = trainer.evaluate(
+                model=model,
+                dataset=valid,
+                batch_size=config.batch_size,
+                num_batches=config.val_batches,
+                max_seq_length=config.max_seq_length,
+                iterate_batches=batches,
+                progress_callback=display.progressed,
+            )
+            # The callback counts the trainer's iterations, which start at the resumed step.
+            callback.on_val_loss_report(
+                {
+                    "iteration": config.iters - first_step,
+                    "val_loss": val_loss,
+                    "val_time": time.perf_counter() - tic,
+                }
+            )
+        # Every rank must end with the same LoRA weights (mlx-lm averages the gradients): check it.
+        spread = weight_spread_across_ranks(model, group)
+        openblas = ranks_with_openblas(group)
+    finally:
+        watchdog.stop()
     if not rank0:
         return None
     summary = report.summarize(callback.records, wall_time=time.monotonic() - started)
     summary["max_weight_difference_across_ranks"] = spread
     summary["ranks_with_openblas"] = openblas
+    summary["resumed_from_step"] = first_step if resumed else None
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     try:
         report.plot_losses(callback.records, out / "loss.png")
@@ -771,6 +1037,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         help="ranks the launcher starts (the hostfile's total slots): any other number stops every rank",
     )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --adapter-path from its latest checkpoint: adapters, optimizer state, "
+        "step, learning rate schedule and batch order (settings must match the run's config.yaml)",
+    )
     defaults = FinetuneConfig()
     for f in dataclasses.fields(FinetuneConfig):
         kind = _TYPES[f.name]
@@ -804,7 +1076,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             prefix = f"rank {group.rank()}: "
         validate_config(config, group.size())
         check_inputs(config)
-        run(config, group)
+        run(config, group, resume=args.resume)
     except ConfigError as error:
         print(f"{prefix}error: {error}", file=sys.stderr, flush=True)
         return 2

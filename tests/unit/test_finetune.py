@@ -8,6 +8,7 @@ import dataclasses
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -405,12 +406,20 @@ def test_single_process_training_lowers_the_loss_and_leaves_every_output(tiny_ru
     out = root / "single"
     assert tiny_run["code"] == 0
 
-    assert {p.name for p in out.iterdir()} == {
-        *ft.OUTPUT_FILES,
-        "0000005_adapters.safetensors",
-        "0000010_adapters.safetensors",
-    }
-    assert (out / "0000010_adapters.safetensors").read_bytes() == (out / "adapters.safetensors").read_bytes()
+    assert {p.name for p in out.iterdir()} == {*ft.OUTPUT_FILES, "checkpoints"}
+    # A checkpoint at the first report (every 2 steps) after every 5 steps, each whole: nothing
+    # partial is left behind.
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["0000006", "0000010"]
+    for step in ("0000006", "0000010"):
+        assert sorted(p.name for p in (out / "checkpoints" / step).iterdir()) == [
+            "adapters.safetensors",
+            "optimizer.safetensors",
+            "state.json",
+        ]
+    last = mx.load(str(out / "checkpoints" / "0000010" / "adapters.safetensors"))
+    final = mx.load(str(out / "adapters.safetensors"))
+    assert isinstance(last, dict) and isinstance(final, dict)
+    assert all(mx.array_equal(last[name], final[name]).item() for name in final)
     records = report.read_metrics(out / "metrics.jsonl")
     train = [r for r in records if "train_loss" in r]
     val = [r for r in records if "val_loss" in r]
@@ -515,3 +524,90 @@ def test_a_launch_with_fewer_ranks_than_expected_stops_every_rank(tiny_run: dict
     # mlx.launch itself exits with 0 whatever its ranks do; it stops the others once one fails.
     assert "exited with code 1" in result.stderr
     assert not (root / "three").exists()
+
+
+# --- checkpoints and --resume -------------------------------------------------------------------------
+
+
+def max_difference(a: Path, b: Path) -> float:
+    first, second = mx.load(str(a)), mx.load(str(b))
+    assert isinstance(first, dict) and isinstance(second, dict) and first.keys() == second.keys()
+    return max(mx.abs(first[name] - second[name]).max().item() for name in first)
+
+
+def interrupted_copy(run: Path, to: Path, at_step: int) -> Path:
+    """`run` as it was when a crash stopped it after its checkpoint at `at_step` (metrics went on)."""
+    shutil.copytree(run, to)
+    for later in (to / "checkpoints").iterdir():
+        if int(later.name) > at_step:
+            shutil.rmtree(later)
+    shutil.copy(to / "checkpoints" / f"{at_step:07d}" / "adapters.safetensors", to / "adapters.safetensors")
+    for name in ("summary.json", "loss.png"):
+        (to / name).unlink()
+    return to
+
+
+def test_a_resumed_run_ends_with_the_adapters_of_an_uninterrupted_one(tiny_run: dict[str, Any]):
+    root = tiny_run["root"]
+    resumed = interrupted_copy(root / "single", root / "interrupted", at_step=6)
+    # Validating every step on resume does not change what trains: the batch order is the seed's.
+    args = training_args(root / "model", root / "data", resumed, "--resume", "--steps-per-eval", "1")
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        assert ft.main(args, environ={}) == 0
+    assert f"resuming from {resumed}/checkpoints/0000006 (step 6 of 10)" in stdout.getvalue()
+    assert "iter  6/10  loss" not in stdout.getvalue()  # steps 1-6 are not trained again
+
+    diff = max_difference(root / "single" / "adapters.safetensors", resumed / "adapters.safetensors")
+    assert diff < 1e-6, diff
+    print(f"max abs difference, resumed at step 6 vs uninterrupted: {diff:.3g}")
+    # The metrics read as one run: the reports before the checkpoint, then the resumed ones.
+    records = report.read_metrics(resumed / "metrics.jsonl")
+    assert [r["iteration"] for r in records if "train_loss" in r] == [2, 4, 6, 8, 10]
+    single = report.read_metrics(root / "single" / "metrics.jsonl")
+    for mine, theirs in zip(
+        [r for r in records if "train_loss" in r], [r for r in single if "train_loss" in r], strict=True
+    ):
+        assert mine["train_loss"] == pytest.approx(theirs["train_loss"], abs=1e-5)
+        assert mine["trained_tokens"] == theirs["trained_tokens"]
+        assert mine["learning_rate"] == pytest.approx(theirs["learning_rate"])
+    summary = json.loads((resumed / "summary.json").read_text())
+    assert summary["resumed_from_step"] == 6 and summary["iterations"] == 10
+    assert sorted(p.name for p in (resumed / "checkpoints").iterdir()) == ["0000006", "0000010"]
+
+
+def test_resume_refuses_a_checkpoint_made_with_other_settings_or_data(
+    tiny_run: dict[str, Any], capsys: pytest.CaptureFixture[str]
+):
+    root = tiny_run["root"]
+    run = interrupted_copy(root / "single", root / "other-settings", at_step=6)
+    before = (run / "metrics.jsonl").read_bytes()
+    args = training_args(root / "model", root / "data", run, "--resume", "--learning-rate", "2e-3")
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert ft.main(args, environ={}) == 2
+    err = capsys.readouterr().err
+    assert f"cannot resume from {run}/checkpoints/0000006:" in err
+    assert "learning_rate: the checkpoint was made with 0.001, this run has 0.002" in err
+    assert (run / "metrics.jsonl").read_bytes() == before  # nothing of the run was touched
+
+    other_data = root / "other-data"
+    shutil.copytree(root / "data", other_data)
+    with (other_data / "train.jsonl").open("a") as extra:
+        extra.write(json.dumps(chat(999)) + "\n")
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert ft.main(training_args(root / "model", other_data, run, "--resume"), environ={}) == 2
+    assert "train.jsonl is not the file the run was trained on" in capsys.readouterr().err
+
+
+def test_resume_without_a_checkpoint_starts_from_the_beginning(tiny_run: dict[str, Any]):
+    root = tiny_run["root"]
+    fresh = root / "never-saved"
+    # A half-written checkpoint (its writer died before the rename) is not a checkpoint.
+    (fresh / "checkpoints" / ".0000005.partial").mkdir(parents=True)
+    (fresh / "checkpoints" / ".0000005.partial" / "adapters.safetensors").write_bytes(b"\0" * 10)
+    args = training_args(root / "model", root / "data", fresh, "--resume", "--iters", "2")
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        assert ft.main(args, environ={}) == 0
+    assert "no checkpoint in" in stdout.getvalue() and "starting from step 0" in stdout.getvalue()
+    assert json.loads((fresh / "summary.json").read_text())["resumed_from_step"] is None

@@ -1,0 +1,123 @@
+"""Stop a rank that stops making progress, instead of letting it hang for ever.
+
+A node that drops off the network mid-run leaves the other ranks waiting in an all-reduce that
+never completes: TCP sees nothing wrong for many minutes, and mpirun only acts once a rank exits.
+Each rank therefore exits by itself when no training step or validation batch has completed for
+a while, saying so and where it was stuck, and the launcher then takes the rest of the job down.
+
+The watchdog is a thread: MLX releases the GIL while it waits in a collective, so the thread runs
+while the main one is stuck. In case something holds the GIL regardless, faulthandler's timer
+(a C thread that needs no GIL) is set a little later as a backstop.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import TextIO
+
+# What a stalled rank prints; the controller recognises a stall by it.
+STALL_MESSAGE = "no progress for"
+BACKSTOP_DELAY = 30.0
+
+
+def _stderr() -> TextIO:
+    """A stderr faulthandler can write to: it needs a file descriptor, which a replaced
+    sys.stderr (pytest's capture, a StringIO) may not have."""
+    try:
+        sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return sys.__stderr__ or sys.stderr
+    return sys.stderr
+
+
+class StallWatchdog:
+    """Exits the process (status 1) when `pet` has not been called for the allowance.
+
+    The allowance grows with the run's own pace: it is the larger of `timeout` and `slack` times
+    the longest gap between two pets so far, so a model whose steps take minutes is not stopped
+    for being slow. Until the first pet (compiling, the first step) it is `first_timeout`.
+    """
+
+    def __init__(
+        self,
+        timeout: float,
+        first_timeout: float,
+        describe: Callable[[], str] = lambda: "",
+        slack: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        exit: Callable[[int], None] = os._exit,
+    ):
+        self.timeout = timeout
+        self.first_timeout = first_timeout
+        self.describe = describe  # where the run was, for the message: "rank 1: step 37 of 200"
+        self.slack = slack
+        self.clock = clock
+        self.exit = exit
+        self.longest_gap = 0.0
+        self.started = 0.0
+        self.last: float | None = None
+        self._wake = threading.Event()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def allowance(self) -> float:
+        if self.last is None:
+            return self.first_timeout
+        return max(self.timeout, self.slack * self.longest_gap)
+
+    def overdue(self) -> float | None:
+        """Seconds since the last progress if that exceeds the allowance, else None."""
+        since = self.clock() - (self.last if self.last is not None else self.started)
+        return since if since > self.allowance() else None
+
+    def start(self) -> None:
+        self.started = self.clock()
+        self._stopped.clear()
+        self._thread = threading.Thread(target=self._watch, name="stall-watchdog", daemon=True)
+        self._thread.start()
+        self._set_backstop()
+
+    def pet(self) -> None:
+        now = self.clock()
+        if self.last is not None:
+            self.longest_gap = max(self.longest_gap, now - self.last)
+        self.last = now
+        if self._thread is not None:
+            self._set_backstop()
+            self._wake.set()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._stopped.set()
+            self._wake.set()
+            self._thread.join()
+            self._thread = None
+            faulthandler.cancel_dump_traceback_later()
+
+    def _set_backstop(self) -> None:
+        faulthandler.dump_traceback_later(self.allowance() + BACKSTOP_DELAY, exit=True, file=_stderr())
+
+    def _watch(self) -> None:
+        while not self._stopped.is_set():
+            self._wake.wait(timeout=1.0)
+            self._wake.clear()
+            if self._stopped.is_set():
+                return
+            if (since := self.overdue()) is not None:
+                where = self.describe()
+                print(
+                    f"{where}error: {STALL_MESSAGE} {since:.0f} s (allowed {self.allowance():.0f} s): "
+                    "another rank is gone or the cluster link is down; stopping this rank. "
+                    "It was waiting here:",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                faulthandler.dump_traceback(file=_stderr(), all_threads=True)
+                sys.stderr.flush()
+                self.exit(1)
+                return
