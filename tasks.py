@@ -10,10 +10,13 @@ import dataclasses
 import datetime as dt
 import json
 import os
+import select
 import shlex
+import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from invoke.collection import Collection
@@ -254,8 +257,12 @@ def _step(c: Context, label: str, cmd: list[str], dry_run: bool) -> None:
 def train_plan(cluster: launch.Cluster, *, run_id: str, data: Path, model: Path,
                config: Path | None, overrides: list[str], backend: str,
                interface: str | None, btl_tcp_links: int | None, threads: int | None = None,
-               interactive: bool = False) -> tuple[list, list[str]]:
-    """(sync steps, launch command) of one training run: plain data, printed by --dry-run."""
+               interactive: bool = False, resume: bool = False) -> tuple[list, list[str]]:
+    """(sync steps, launch command) of one training run: plain data, printed by --dry-run.
+
+    resume: continue run_id from its latest checkpoint; `config` is then the run's own config.yaml
+    (flags given now must agree with it on what changes the training).
+    """
     head = cluster.head
     paths = sync.node_paths(head)
     remote_data = f"{paths['work']}/data/{data.name}"
@@ -282,6 +289,8 @@ def train_plan(cluster: launch.Cluster, *, run_id: str, data: Path, model: Path,
                "--expected-world-size", str(cluster.world_size)]
     if config:
         program[3:3] = ["--config", f"{paths['work']}/config/{config.name}"]
+    if resume:
+        program[5:5] = ["--resume"]
     program += overrides
     env = {"HF_HUB_OFFLINE": "1"}
     if not interactive:
@@ -329,10 +338,12 @@ def train_plan(cluster: launch.Cluster, *, run_id: str, data: Path, model: Path,
     "interface": "Interface MPI traffic is pinned to (default: the Thunderbolt interface)",
     "btl_tcp_links": "TCP connections per peer for Open MPI (btl_tcp_links)",
     "threads": "BLAS threads per rank (default: all cores, or 1 when a node has several slots)",
-    "dry_run": "Print every command and touch no host"})
+    "resume": "Continue an interrupted run from its latest checkpoint: --resume (the latest "
+              "unfinished run in runs/) or --resume=RUN_ID; its data, model and settings are kept",
+    "dry_run": "Print every command and touch no host"}, optional=["resume"])
 def train(c, inventory=None, config=None, data=None, model=None, iters=None, batch_size=None,
           extra="", backend="mpi", interface=None, btl_tcp_links=None, threads=None,
-          dry_run=False):
+          resume=None, dry_run=False):
     """Fine-tune on the cluster: sync data, code and model, mpirun on every slot, fetch results."""
     if backend not in ("mpi", "ring"):
         raise Exit(f"--backend must be mpi or ring, not {backend!r}")
@@ -340,12 +351,25 @@ def train(c, inventory=None, config=None, data=None, model=None, iters=None, bat
     cluster, _ = _cluster(inv)
     dtype = "float16" if all(n.os_family == "Darwin" for n in cluster.training_nodes) \
         else "float32"
+    resume_run = None
+    if resume:
+        if config:
+            raise Exit("--config and --resume do not go together: a resumed run keeps the "
+                       "settings it was started with (change reporting and the like with --extra)")
+        resume_run, info = _resumable_run(None if resume is True else str(resume))
+        data = data or info["data"]
+        model = model or info["model"]
+        # Every rank reads the settings the run was started with: its config.yaml, which rank 0
+        # wrote and which came back with the run's files, goes to every node like a --config.
+        config = REPO / "build" / "resume" / f"{resume_run}.yaml"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(REPO / "runs" / resume_run / "config.yaml", config)
     data_dir = Path(data) if data else REPO / "build" / "data" / "pirate"
     model_dir = Path(model) if model else _default_model_dir(dtype)
     config_path = Path(config).resolve() if config else None
     if config_path and not config_path.is_file():
         raise Exit(f"--config {config} does not exist")
-    if not dry_run:
+    if not dry_run and not resume_run:
         if data is None and not (data_dir / "train.jsonl").exists():
             data_prepare(c, output=str(data_dir))
         if model is None and not (model_dir / "config.json").exists():
@@ -364,9 +388,32 @@ def train(c, inventory=None, config=None, data=None, model=None, iters=None, bat
         c, cluster, inventory=inv, data_dir=data_dir, model_dir=model_dir, config=config_path,
         overrides=overrides, backend=backend, interface=interface,
         btl_tcp_links=int(btl_tcp_links) if btl_tcp_links else None,
-        threads=int(threads) if threads else None, dry_run=dry_run)
+        threads=int(threads) if threads else None, dry_run=dry_run, resume_run=resume_run)
     if results:
         _print_run_summary(results)
+
+
+def _resumable_run(run_id: str | None) -> tuple[str, dict]:
+    """(id, run.json) of the run --resume continues: the one named, or the latest unfinished."""
+    runs = REPO / "runs"
+    if run_id is None:
+        unfinished = sorted(p for p in runs.glob("2*") if (p / "run.json").exists()
+                            and not (p / "summary.json").exists())
+        if not unfinished:
+            raise Exit("no unfinished run in runs/ to resume: start one with invoke train")
+        run_dir = unfinished[-1]
+    else:
+        run_dir = runs / Path(run_id).name
+        if not (run_dir / "run.json").exists():
+            known = ", ".join(p.name for p in sorted(runs.glob("2*"))[-5:]) or "none"
+            raise Exit(f"--resume {run_id}: no run.json in {run_dir} (recent runs: {known})")
+        if (run_dir / "summary.json").exists():
+            raise Exit(f"run {run_dir.name} finished all its steps: nothing to resume "
+                       "(start a new run with invoke train)")
+    if not (run_dir / "config.yaml").exists():
+        raise Exit(f"run {run_dir.name} stopped before it started training (it has no "
+                   "config.yaml): start a new run with invoke train")
+    return run_dir.name, json.loads((run_dir / "run.json").read_text())
 
 
 def _stop_run(cluster: launch.Cluster, run_id: str) -> None:
@@ -380,34 +427,78 @@ def _stop_run(cluster: launch.Cluster, run_id: str) -> None:
                    cwd=REPO, capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
 
 
-def _relay(cmd: list[str], keep: int = 1 << 16) -> tuple[int, str]:
+# What a rank's watchdog prints when it stops itself (training/watchdog.py).
+STALL_MESSAGE = b"error: no progress for"
+# How long the launcher gets to exit after a rank stalled. mpirun waits for ever for the node
+# daemon of a node that dropped off the link, so then the run is stopped from here.
+STALL_GRACE = 20.0
+
+
+def _relay(cmd: list[str], keep: int = 1 << 16,
+           on_stall: Callable[[], None] | None = None) -> tuple[int, str]:
     """Run cmd with its output passed through as it comes (progress bars included); return the
-    exit status and the output's tail, from which a failure is described."""
+    exit status and the output's tail, from which a failure is described.
+
+    on_stall is called once if a rank reported a stall and cmd is still running STALL_GRACE
+    seconds later."""
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     assert proc.stdout is not None
     tail = b""
     out = sys.stdout.buffer
-    while chunk := proc.stdout.read1(4096):
-        out.write(chunk)
-        out.flush()
-        tail = (tail + chunk)[-keep:]
+    stalled_at: float | None = None
+    while True:
+        ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+        if ready:
+            if not (chunk := proc.stdout.read1(4096)):
+                break
+            out.write(chunk)
+            out.flush()
+            if stalled_at is None and STALL_MESSAGE in tail[-len(STALL_MESSAGE):] + chunk:
+                stalled_at = time.monotonic()
+            tail = (tail + chunk)[-keep:]
+        if stalled_at is not None and on_stall and time.monotonic() - stalled_at > STALL_GRACE:
+            on_stall()
+            on_stall = None
     return proc.wait(), tail.decode(errors="replace")
+
+
+def _write_run_info(results: Path, info: dict) -> None:
+    """runs/<id>/run.json, replaced whole: what the run is, and how far it got."""
+    results.mkdir(parents=True, exist_ok=True)
+    partial = results / ".run.json.partial"
+    partial.write_text(json.dumps(info, indent=2) + "\n")
+    partial.replace(results / "run.json")
+
+
+def _latest_checkpoint(results: Path) -> int | None:
+    steps = [int(p.name) for p in (results / "checkpoints").glob("[0-9]" * 7)
+             if (p / "state.json").exists()]
+    return max(steps, default=None)
+
+
+def _resume_hint(results: Path) -> str:
+    step = _latest_checkpoint(results)
+    if step is None:
+        return ""
+    return f"; its checkpoint at step {step} continues with: invoke train --resume {results.name}"
 
 
 def launch_training(c: Context, cluster: launch.Cluster, *, inventory: str, data_dir: Path,
                     model_dir: Path, config: Path | None, overrides: list[str], backend: str = "mpi",
                     interface: str | None = None, btl_tcp_links: int | None = None,
-                    threads: int | None = None, dry_run: bool = False) -> Path | None:
+                    threads: int | None = None, dry_run: bool = False,
+                    resume_run: str | None = None) -> Path | None:
     """Sync, launch on every slot of `cluster`, bring the results back: runs/<id> (None: dry run).
 
+    resume_run: the id of a run to continue from its latest checkpoint, instead of a new run.
     Raises Exit when training fails; what arrived is still kept in runs/<id>.
     """
-    run_id = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_id = resume_run or dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     steps, launch_cmd = train_plan(
         cluster, run_id=run_id, data=data_dir.resolve(), model=model_dir.resolve(),
         config=config, overrides=overrides, backend=backend, interface=interface,
         btl_tcp_links=btl_tcp_links, threads=threads,
-        interactive=sys.stdin.isatty() and sys.stdout.isatty())
+        interactive=sys.stdin.isatty() and sys.stdout.isatty(), resume=resume_run is not None)
     for label, cmd in steps:
         if not dry_run and cmd[0] == "rsync" and (cluster.head.connection or {}).get("type") \
                 == "local":
@@ -422,24 +513,46 @@ def launch_training(c: Context, cluster: launch.Cluster, *, inventory: str, data
         return None
     ranks = f"{cluster.world_size} rank{'s' if cluster.world_size > 1 else ''}"
     how = backend if cluster.world_size > 1 else "one process, no launcher"
-    print(f"==> training on {ranks} ({how}); rank 0 reports:", flush=True)
+    print(f"==> {'resuming run ' + run_id if resume_run else 'training'} on {ranks} ({how}); "
+          "rank 0 reports:", flush=True)
     start = time.perf_counter()
+    info = {"inventory": inventory, "model": str(model_dir.resolve()),
+            "data": str(data_dir.resolve()), "world_size": cluster.world_size, "backend": backend,
+            "status": "running", "exit_code": None, "wall_time_s": None,
+            "launch": commands.join(launch_cmd)}
+    if resume_run:
+        before = json.loads((results / "run.json").read_text())
+        info["attempts"] = before.get("attempts", 1) + 1
+    _write_run_info(results, info)
+    def stop_stalled_run() -> None:
+        print(f"==> a rank stalled and the launcher has not exited after {STALL_GRACE:.0f} s: "
+              f"stopping run {run_id} on {cluster.head.name}", flush=True)
+        _stop_run(cluster, run_id)
+
     try:
-        code, output = _relay(launch_cmd)
+        code, output = _relay(launch_cmd, on_stall=stop_stalled_run)
     except KeyboardInterrupt:
         _stop_run(cluster, run_id)
-        raise Exit(f"interrupted: every rank of run {run_id} was stopped", code=130) from None
-    results.mkdir(parents=True, exist_ok=True)
+        subprocess.run(pull_cmd, cwd=REPO, capture_output=True, timeout=300)
+        _write_run_info(results, info | {"status": "interrupted",
+                                         "wall_time_s": round(time.perf_counter() - start, 1)})
+        raise Exit(f"interrupted: every rank of run {run_id} was stopped"
+                   f"{_resume_hint(results)}", code=130) from None
     subprocess.run(pull_cmd, cwd=REPO, capture_output=True)
-    (results / "run.json").write_text(json.dumps({
-        "inventory": inventory, "model": str(model_dir.resolve()),
-        "data": str(data_dir.resolve()), "world_size": cluster.world_size, "backend": backend,
-        "exit_code": code, "wall_time_s": round(time.perf_counter() - start, 1),
-        "launch": commands.join(launch_cmd)}, indent=2) + "\n")
     # summary.json is written last by rank 0: mlx.launch exits 0 even when a rank failed.
-    if code != 0 or not (results / "summary.json").exists():
-        raise Exit(f"training failed (exit {code}): {launch.describe_failure(cluster, output)}; "
-                   f"what arrived is in {results}", code=code or 1)
+    finished = code == 0 and (results / "summary.json").exists()
+    _write_run_info(results, info | {"status": "finished" if finished else "failed",
+                                     "exit_code": code,
+                                     "wall_time_s": round(time.perf_counter() - start, 1)})
+    if not finished:
+        why = launch.describe_failure(cluster, output)
+        if STALL_MESSAGE.decode() in output:
+            # A stall has a cause elsewhere (a node or link gone): the node checks name it.
+            red = _red_node_checks(cluster, None)
+            why += "; the nodes now: " + ("; ".join(f"{c.scope}: {c.name}: {c.detail}"
+                                                    for c in red) if red else "all checks green")
+        raise Exit(f"training failed (exit {code}): {why}; "
+                   f"what arrived is in {results}{_resume_hint(results)}", code=code or 1)
     if not (results / "loss.png").exists():
         # Nodes need no matplotlib: the controller draws the plot from the metrics.
         _python_module(c, "training.report", [str(results)])
@@ -481,6 +594,15 @@ def run(c, inventory=None, interface=None, dry_run=False):
         raise Exit(code=code)
 
 
+def _red_node_checks(cluster: launch.Cluster, model_bytes: int | None) -> list:
+    """invoke doctor's per-node checks (not its MPI jobs) that fail."""
+    from mlxcluster import doctor as checks
+
+    build_hostfile = "\n".join(cluster.hostfile_lines())
+    return [r for r in checks.diagnose(cluster, build_hostfile, model_bytes,
+                                       root=_is_root(cluster.head), mpi_jobs=False) if not r.ok]
+
+
 def _preflight(cluster: launch.Cluster, model_bytes: int | None) -> None:
     """invoke doctor's per-node checks (not its MPI jobs: the launch is one): stop on any red."""
     from rich.console import Console
@@ -488,10 +610,7 @@ def _preflight(cluster: launch.Cluster, model_bytes: int | None) -> None:
     from mlxcluster import doctor as checks
 
     print("==> checking the nodes (invoke doctor has the full set)", flush=True)
-    build_hostfile = "\n".join(cluster.hostfile_lines())
-    failed = [r for r in checks.diagnose(cluster, build_hostfile, model_bytes,
-                                         root=_is_root(cluster.head), mpi_jobs=False)
-              if not r.ok]
+    failed = _red_node_checks(cluster, model_bytes)
     if failed:
         checks.render(failed, Console(stderr=True))
         raise Exit(f"not launching: {len(failed)} check(s) failed on the nodes (see the fix column)")
@@ -558,7 +677,7 @@ def _print_run_summary(results: Path) -> None:
 
 
 def _latest_run() -> Path:
-    runs = sorted(p for p in (REPO / "runs").glob("2*") if (p / "adapters.safetensors").exists())
+    runs = sorted(p for p in (REPO / "runs").glob("2*") if (p / "summary.json").exists())
     if not runs:
         raise Exit("no finished run in runs/: run invoke train first, or pass --adapter")
     return runs[-1]

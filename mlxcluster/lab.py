@@ -342,6 +342,12 @@ def stop_node(lab: Lab, i: int) -> None:
             _run(["ip", "link", "del", outer], check=False, capture=True)
 
 
+def set_link(lab: Lab, i: int, up: bool) -> None:
+    """Unplug (up=False) or plug back node ``i``'s Thunderbolt cable: its end of the cluster link
+    goes down on the bridge side, while the node and its management link stay up."""
+    _run(["ip", "link", "set", f"mlab{lab.lab_id}t{i}", "up" if up else "down"])
+
+
 def down(lab_id: int = 0) -> None:
     """Stop every node of the lab and remove bridges and state: nothing is left behind."""
     require_root()

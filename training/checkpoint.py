@@ -155,11 +155,14 @@ def broadcast(arrays: Mapping[str, mx.array], group: Any) -> dict[str, mx.array]
     if group.size() == 1:
         return dict(arrays)
     mine = group.rank() == 0
+    # In the same order on every rank, whatever order each rank's mapping has (a file's, a model's).
     out = {
         name: mx.distributed.all_sum(
-            value if mine else mx.zeros(value.shape, value.dtype), group=group, stream=mx.cpu
+            arrays[name] if mine else mx.zeros(arrays[name].shape, arrays[name].dtype),
+            group=group,
+            stream=mx.cpu,
         )
-        for name, value in arrays.items()
+        for name in sorted(arrays)
     }
     mx.eval(out)
     return out

@@ -134,7 +134,7 @@ class FinetuneConfig:
     seed: int = field(default=0, metadata={"help": "seed of LoRA init, dropout and batch order"})
     grad_checkpoint: bool = field(default=False, metadata={"help": "recompute activations to save memory"})
     stall_timeout: int = field(
-        default=60,
+        default=30,
         metadata={"help": "seconds without progress after which a rank stops (a node or link is gone)"},
     )
     resume_adapter_file: str | None = field(
@@ -439,7 +439,8 @@ class ProgressDisplay:
         self.started = clock()
         self.first_iteration = first_iteration  # a resumed run's checkpoint step
         self.iteration = first_iteration
-        # Called on every rank after each step and after each validation batch.
+        # Called on every rank after each step, and after each step or validation batch.
+        self.step_hooks: list[Callable[[], None]] = []
         self.progress_hooks: list[Callable[[], None]] = []
         self.progress: Progress | None = None
         if console is not None and console.is_terminal:
@@ -501,6 +502,8 @@ class ProgressDisplay:
         self.iteration += 1
         if self.progress is not None:
             self.progress.advance(self.task)
+        for hook in self.step_hooks:
+            hook()
         self.progressed()
 
     def progressed(self) -> None:
@@ -934,6 +937,7 @@ def run(
     watchdog = StallWatchdog(
         config.stall_timeout, first_timeout=max(600, 10 * config.stall_timeout), describe=lambda: prefix
     )
+    display.step_hooks.append(watchdog.step)
     display.progress_hooks.append(watchdog.pet)
     # The trainer's own saves are off (checkpoints are the Checkpointer's), and its final save goes
     # to a partial file that is renamed once complete.

@@ -36,11 +36,12 @@ def _stderr() -> TextIO:
 
 
 class StallWatchdog:
-    """Exits the process (status 1) when `pet` has not been called for the allowance.
+    """Exits the process (status 1) when neither `step` nor `pet` has been called for the allowance.
 
     The allowance grows with the run's own pace: it is the larger of `timeout` and `slack` times
-    the longest gap between two pets so far, so a model whose steps take minutes is not stopped
-    for being slow. Until the first pet (compiling, the first step) it is `first_timeout`.
+    the longest gap between two calls so far, so a model whose steps take minutes is not stopped
+    for being slow. Until the first training step is done (loading, the first validation,
+    compiling) it is `first_timeout`.
     """
 
     def __init__(
@@ -60,13 +61,14 @@ class StallWatchdog:
         self.exit = exit
         self.longest_gap = 0.0
         self.started = 0.0
+        self.stepped = False  # the first training step is done
         self.last: float | None = None
         self._wake = threading.Event()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
 
     def allowance(self) -> float:
-        if self.last is None:
+        if not self.stepped:
             return self.first_timeout
         return max(self.timeout, self.slack * self.longest_gap)
 
@@ -82,9 +84,16 @@ class StallWatchdog:
         self._thread.start()
         self._set_backstop()
 
+    def step(self) -> None:
+        """A training step is done (then `pet` is called for it as for any progress)."""
+        if not self.stepped:
+            self.stepped = True
+            self.last = None  # the gap before the first step is not the run's pace
+
     def pet(self) -> None:
+        """Some progress (a step, a validation batch) was made."""
         now = self.clock()
-        if self.last is not None:
+        if self.last is not None and self.stepped:
             self.longest_gap = max(self.longest_gap, now - self.last)
         self.last = now
         if self._thread is not None:
@@ -112,8 +121,8 @@ class StallWatchdog:
                 where = self.describe()
                 print(
                     f"{where}error: {STALL_MESSAGE} {since:.0f} s (allowed {self.allowance():.0f} s): "
-                    "another rank is gone or the cluster link is down; stopping this rank. "
-                    "It was waiting here:",
+                    f"another rank is gone or the cluster link is down; stopping this rank\n"
+                    f"{where}it was waiting here:",
                     file=sys.stderr,
                     flush=True,
                 )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -207,6 +208,96 @@ def test_ctrl_c_on_the_controller_stops_every_rank(provisioned, tmp_path):
     while any(finetune_pids(provisioned, n) for n in (1, 2)) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert finetune_pids(provisioned, 1) == finetune_pids(provisioned, 2) == []
+
+
+RESUME_SETTINGS = ("--iters 60 --batch-size 2 --num-layers 1 --max-seq-length 512 --learning-rate 1e-3 "
+                   "--steps-per-report 5 --save-every 20 --val-batches 1")
+
+
+def invoke_train(cluster, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([INVOKE, "train", "-i", str(cluster.inventory), *args], cwd=REPO,
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=timeout)
+
+
+def max_adapter_difference(a: Path, b: Path) -> float:
+    import mlx.core as mx
+
+    first, second = mx.load(str(a / "adapters.safetensors")), mx.load(str(b / "adapters.safetensors"))
+    assert isinstance(first, dict) and isinstance(second, dict) and first.keys() == second.keys()
+    return max(mx.abs(first[k] - second[k]).max().item() for k in first)
+
+
+def test_an_interrupted_run_resumes_to_the_adapters_of_an_uninterrupted_one(provisioned, tmp_path):
+    model_dir, data_dir = tiny_model_and_data(tmp_path)
+    data = ["--model", str(model_dir), "--data", str(data_dir)]
+    whole = invoke_train(provisioned, *data, "--extra", RESUME_SETTINGS + " --steps-per-eval 60")
+    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
+    reference = run_dir_of(whole.stdout)
+
+    # The same run, validating after every step (slower, and it must not change what trains),
+    # with node2's rank killed as soon as the checkpoint of step 20 is saved.
+    train = subprocess.Popen(
+        [INVOKE, "train", "-i", str(provisioned.inventory), *data, "--extra",
+         RESUME_SETTINGS + " --steps-per-eval 1 --val-batches -1"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.DEVNULL)
+    assert train.stdout is not None
+    try:
+        for line in train.stdout:
+            if "saved" in line and line.rstrip().endswith("checkpoints/0000020"):
+                for pid in finetune_pids(provisioned, 2):
+                    os.kill(pid, signal.SIGKILL)
+                break
+        _, stderr = train.communicate(timeout=120)
+    finally:
+        train.kill()
+    assert train.returncode != 0
+    interrupted = REPO / "runs" / re.search(r"invoke train --resume (\S+)", stderr)[1]
+    assert "rank 1 on node2 was killed by signal 9" in stderr
+    assert f"its checkpoint at step 20 continues with: invoke train --resume {interrupted.name}" \
+        in stderr
+    assert json.loads((interrupted / "run.json").read_text())["status"] == "failed"
+
+    resumed = invoke_train(provisioned, "--resume", timeout=300)
+    try:
+        assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+        assert f"resuming run {interrupted.name} on 2 ranks" in resumed.stdout
+        assert "(step 20 of 60)" in resumed.stdout
+        diff = max_adapter_difference(reference, interrupted)
+        print(f"resumed at step 20 of 60 vs uninterrupted, 2 ranks over mpirun: max abs "
+              f"difference of the adapters {diff:.3g}")
+        assert diff < 1e-6
+        summary = json.loads((interrupted / "summary.json").read_text())
+        assert summary["resumed_from_step"] == 20 and summary["iterations"] == 60
+        info = json.loads((interrupted / "run.json").read_text())
+        assert info["status"] == "finished" and info["attempts"] == 2
+        # Nothing to resume any more.
+        again = invoke_train(provisioned, f"--resume={interrupted.name}", timeout=60)
+        assert again.returncode != 0 and "finished all its steps: nothing to resume" in again.stderr
+    finally:
+        shutil.rmtree(reference, ignore_errors=True)
+        shutil.rmtree(interrupted, ignore_errors=True)
+
+
+def test_a_node_dropping_off_the_link_stops_the_run_and_is_named(provisioned, tmp_path):
+    """A partition, not a crash: node2 keeps running but its cluster link goes down. The ranks
+    stop themselves (no progress), the controller stops mpirun, and the node checks name node2."""
+    with training_under_way(provisioned, tmp_path) as train:
+        lab.set_link(provisioned.lab, 2, up=False)
+        try:
+            cut = time.perf_counter()
+            _, stderr = train.communicate(timeout=240)
+            stopped = time.perf_counter() - cut
+            ranks_left = [finetune_pids(provisioned, n) for n in (1, 2)]
+        finally:
+            lab.set_link(provisioned.lab, 2, up=True)
+    assert train.returncode != 0
+    assert "no progress for 30 s (allowed 30 s): another rank is gone or the cluster link is down" \
+        in stderr, stderr[-3000:]
+    assert "node2: interface bridge0: down" in stderr
+    assert ranks_left == [[], []]
+    print(f"node2 unplugged -> invoke train returned in {stopped:.1f} s")
+    assert stopped < 90
 
 
 def test_train_stops_before_launching_when_a_node_is_down(provisioned, tmp_path):

@@ -97,18 +97,25 @@ class Clock:
 def test_the_allowance_grows_with_the_slowest_step():
     clock = Clock()
     dog = StallWatchdog(timeout=60, first_timeout=600, clock=clock)
-    assert dog.allowance() == 600  # compiling and the first step
+    assert dog.allowance() == 600  # loading, compiling and the first step
+    clock.now = 100.0
+    dog.pet()  # a validation batch before the first step
+    assert dog.allowance() == 600
+    clock.now = 400.0
+    dog.step()
     dog.pet()
-    assert dog.allowance() == 60
-    clock.now = 2.0
+    assert dog.allowance() == 60  # the 300 s before the first step do not count
+    clock.now = 402.0
+    dog.step()
     dog.pet()
     assert dog.allowance() == 60  # 10 x 2 s is less than the floor
-    clock.now = 22.0
+    clock.now = 422.0
+    dog.step()
     dog.pet()
     assert dog.allowance() == 200  # 10 x the 20 s step
-    clock.now = 221.0
+    clock.now = 621.0
     assert dog.overdue() is None  # 199 s of the 200 allowed
-    clock.now = 223.0
+    clock.now = 623.0
     assert dog.overdue() == 201.0
 
 
@@ -119,6 +126,7 @@ STALLED_RANK = textwrap.dedent("""
     dog.start()
     for _ in range(int(sys.argv[2])):  # steps that complete
         time.sleep(0.1)
+        dog.step()
         dog.pet()
     def waiting_for_the_all_reduce():
         time.sleep(60)

@@ -124,3 +124,37 @@ def test_a_single_rank_on_the_launcher_runs_without_mpirun():
     assert ("cd /opt/mlx-cluster/work && env HF_HUB_OFFLINE=1 OPENBLAS_NUM_THREADS=1 TTY_COMPATIBLE=0 "
             "/opt/mlx-cluster/venv/bin/python -m training.finetune ") in line
     assert line.endswith("--expected-world-size 1")
+
+
+def test_resume_continues_the_run_with_the_settings_it_was_started_with():
+    _, launch_cmd = tasks.train_plan(
+        Cluster.from_json(lab_layout()), run_id="r1", data=Path("/d/pirate"),
+        model=Path("/m/tiny"), config=Path("/b/resume/r1.yaml"),
+        overrides=["--steps-per-report", "5"], backend="mpi", interface=None, btl_tcp_links=None,
+        resume=True)
+    assert launch_cmd[-1].endswith(
+        "training.finetune --config /opt/mlx-cluster/work/config/r1.yaml --resume --model "
+        "/opt/mlx-cluster/models/tiny --data /opt/mlx-cluster/work/data/pirate --adapter-path "
+        "/opt/mlx-cluster/runs/r1 --expected-world-size 2 --steps-per-report 5")
+
+
+def test_resume_picks_the_latest_unfinished_run_and_refuses_a_finished_one(tmp_path, monkeypatch):
+    monkeypatch.setattr(tasks, "REPO", tmp_path)
+    runs = tmp_path / "runs"
+    for run_id, finished in (("20260101-000000", False), ("20260102-000000", False),
+                             ("20260103-000000", True)):
+        (runs / run_id).mkdir(parents=True)
+        (runs / run_id / "run.json").write_text(json.dumps({"data": "/d", "model": "/m"}))
+        (runs / run_id / "config.yaml").write_text("iters: 10\n")
+        if finished:
+            (runs / run_id / "summary.json").write_text("{}")
+    assert tasks._resumable_run(None)[0] == "20260102-000000"
+    assert tasks._resumable_run("20260101-000000") == ("20260101-000000", {"data": "/d", "model": "/m"})
+    for bad, message in (("20260103-000000", "finished all its steps: nothing to resume"),
+                         ("20990101-000000", "no run.json in")):
+        try:
+            tasks._resumable_run(bad)
+        except tasks.Exit as exc:
+            assert message in str(exc.message)
+        else:
+            raise AssertionError(f"{bad} was accepted")
