@@ -5,17 +5,21 @@ Each task is a thin wrapper: the command lines are built in mlxcluster/ (tested 
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import datetime as dt
 import json
+import math
 import os
 import select
 import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
+import typing
 from collections.abc import Callable
 from pathlib import Path
 
@@ -248,6 +252,9 @@ def _is_root(node: launch.Node) -> bool:
 
 def _step(c: Context, label: str, cmd: list[str], dry_run: bool) -> None:
     print(f"# {label}\n{commands.join(cmd)}" if dry_run else f"==> {label}", flush=True)
+    if not dry_run and cmd[0] == "rsync" and ":" not in cmd[-1]:
+        # To a local node: rsync's --rsync-path (which makes the destination) is not used.
+        Path(cmd[-1]).mkdir(parents=True, exist_ok=True)
     if not dry_run:
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -269,10 +276,9 @@ def train_plan(cluster: launch.Cluster, *, run_id: str, data: Path, model: Path,
     remote_model = f"{paths['models']}/{model.name}"
     remote_run = f"{paths['runs']}/{run_id}"
     steps: list[tuple[str, list[str]]] = []
-    for node in cluster.training_nodes:
-        steps.append((f"sync code to {node.name}",
-                      sync.push(REPO / "training", node, f"{paths['work']}/training",
-                                excludes=sync.CODE_EXCLUDES)))
+    for node, code in zip(cluster.training_nodes, sync.push_code(cluster, REPO / "training"),
+                          strict=True):
+        steps.append(code)
         steps.append((f"sync data to {node.name}", sync.push(data, node, remote_data)))
         if config:
             steps.append((f"sync config to {node.name}",
@@ -499,11 +505,10 @@ def launch_training(c: Context, cluster: launch.Cluster, *, inventory: str, data
         config=config, overrides=overrides, backend=backend, interface=interface,
         btl_tcp_links=btl_tcp_links, threads=threads,
         interactive=sys.stdin.isatty() and sys.stdout.isatty(), resume=resume_run is not None)
+    synced = time.perf_counter()
     for label, cmd in steps:
-        if not dry_run and cmd[0] == "rsync" and (cluster.head.connection or {}).get("type") \
-                == "local":
-            Path(cmd[-1]).mkdir(parents=True, exist_ok=True)
         _step(c, label, cmd, dry_run)
+    sync_s = round(time.perf_counter() - synced, 1)
     results = REPO / "runs" / run_id
     pull_cmd = sync.pull(cluster.head, f"{sync.node_paths(cluster.head)['runs']}/{run_id}",
                          results)
@@ -518,7 +523,7 @@ def launch_training(c: Context, cluster: launch.Cluster, *, inventory: str, data
     start = time.perf_counter()
     info = {"inventory": inventory, "model": str(model_dir.resolve()),
             "data": str(data_dir.resolve()), "world_size": cluster.world_size, "backend": backend,
-            "status": "running", "exit_code": None, "wall_time_s": None,
+            "status": "running", "exit_code": None, "wall_time_s": None, "sync_s": sync_s,
             "launch": commands.join(launch_cmd)}
     if resume_run:
         before = json.loads((results / "run.json").read_text())
@@ -575,12 +580,8 @@ def run(c, inventory=None, interface=None, dry_run=False):
     cluster, _ = _cluster(_inventory(c, inventory))
     head = cluster.head
     paths = sync.node_paths(head)
-    for node in cluster.training_nodes:
-        cmd = sync.push(REPO / "training", node, f"{paths['work']}/training",
-                        excludes=sync.CODE_EXCLUDES)
-        if not dry_run and (node.connection or {}).get("type") == "local":
-            Path(cmd[-1]).mkdir(parents=True, exist_ok=True)
-        _step(c, f"sync code to {node.name}", cmd, dry_run)
+    for label, cmd in sync.push_code(cluster, REPO / "training"):
+        _step(c, label, cmd, dry_run)
     mpirun = launch.mpirun_command(cluster, program, launch.MpiOptions(
         interface=interface, allow_run_as_root=_is_root(head), extra=["--wdir", paths["work"]]))
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
@@ -830,6 +831,86 @@ def _bench_quality(c: Context, cluster: launch.Cluster, inventory: str, data_dir
     }
 
 
+def _first_nodes(cluster: launch.Cluster, count: int) -> launch.Cluster:
+    """The cluster cut down to `count` training nodes, the launcher's first (the others get no
+    slots): one of bench.scaling's configurations."""
+    ordered = sorted(cluster.training_nodes, key=lambda n: n.name != cluster.head.name)
+    keep = {n.name for n in ordered[:count]}
+    return launch.Cluster(cluster.launcher, tuple(
+        n if n.name in keep else dataclasses.replace(n, slots=0) for n in cluster.nodes))
+
+
+@task(name="scaling", help={
+    "inventory": INVENTORY_HELP,
+    "nodes": "Node counts to run on, comma-separated (default: 1 and all of them, e.g. 1,3)",
+    "iters": "Steps of each run (default 30)",
+    "batch_size": "Global batch (default: the smallest multiple of every configuration's ranks "
+                  "that is at least 4)",
+    "data": "Prepared data directory (default: the bundled pirate demo)",
+    "model": "Model directory on the controller (default: SmolLM2-135M)",
+    "threads": "BLAS threads per rank (default: all cores, 1 when a node has several slots)",
+    "extra": "More training flags for every run",
+    "output": "JSON file to write; the PNG goes next to it (default runs/bench/scaling-<time>.json)"})
+def bench_scaling(c, inventory=None, nodes=None, iters=30, batch_size=None, data=None, model=None,
+                  threads=None, extra="", output=None):
+    """The same fine-tune on 1 node and on more: wall time, tokens/s, speedup, efficiency and
+    where the time went (sync, model load, training, evaluation), as a table, JSON and PNG."""
+    from rich.console import Console
+
+    from mlxcluster import scaling
+
+    inv = _inventory(c, inventory)
+    cluster, _ = _cluster(inv)
+    available = len(cluster.training_nodes)
+    try:
+        counts = sorted({int(n) for n in str(nodes).split(",")}) if nodes else sorted({1, available})
+    except ValueError:
+        raise Exit(f"--nodes {nodes}: node counts separated by commas, e.g. 1,{available}") from None
+    if counts[0] != 1 or counts[-1] > available:
+        raise Exit(f"--nodes {nodes}: counts from 1 (the baseline) up to the {available} training "
+                   "nodes of the inventory")
+    layouts = {count: _first_nodes(cluster, count) for count in counts}
+    if not batch_size:
+        step = math.lcm(*(layout.world_size for layout in layouts.values()))
+        batch_size = step * -(-4 // step)
+    dtype = "float16" if all(n.os_family == "Darwin" for n in cluster.training_nodes) \
+        else "float32"
+    data_dir = Path(data) if data else REPO / "build" / "data" / "pirate"
+    model_dir = Path(model) if model else _default_model_dir(dtype)
+    if data is None and not (data_dir / "train.jsonl").exists():
+        data_prepare(c, output=str(data_dir))
+    if model is None and not (model_dir / "config.json").exists():
+        model_fetch(c, output=str(model_dir), dtype=dtype)
+    _preflight(cluster, _model_bytes(model_dir))
+    overrides = ["--iters", str(iters), "--batch-size", str(batch_size), "--steps-per-report", "5",
+                 "--steps-per-eval", str(iters), "--save-every", str(iters), *shlex.split(extra)]
+    rows, runs = [], {}
+    for count, layout in layouts.items():
+        print(f"==> scaling: {iters} steps of global batch {batch_size} on {count} "
+              f"node{'s' if count > 1 else ''}", flush=True)
+        results = launch_training(c, layout, inventory=inv, data_dir=data_dir, model_dir=model_dir,
+                                  config=None, overrides=overrides,
+                                  threads=int(threads) if threads else None)
+        assert results is not None
+        runs[count] = str(results)
+        rows.append(scaling.row(count, layout.world_size,
+                                json.loads((results / "summary.json").read_text()),
+                                json.loads((results / "run.json").read_text())))
+    rows = scaling.with_speedup(rows)
+    title = f"{model_dir.name}: {iters} steps, global batch {batch_size}"
+    out = Path(output) if output else (
+        REPO / "runs" / "bench" / f"scaling-{dt.datetime.now():%Y%m%d-%H%M%S}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "benchmark": "scaling", "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "inventory": inv, "model": str(model_dir), "data": str(data_dir), "iters": int(iters),
+        "global_batch_size": int(batch_size), "host_cpus": os.cpu_count(), "rows": rows,
+        "runs": runs}, indent=2) + "\n")
+    png = scaling.plot(rows, out.with_suffix(".png"), title)
+    Console(width=max(Console().width, 120)).print(scaling.table(rows, title))
+    print(f"wrote {out} and {png}")
+
+
 @task(name="train", help={
     "id": "Lab number (default 8)",
     "iters": "Steps of each scaling run (default 30; 0 skips scaling)",
@@ -891,8 +972,99 @@ def bench_train(c, id=8, iters=30, rounds=2, batch_size=4, blas_iters=3, quality
     print(f"wrote {out}")
 
 
+def _links_launch(layout: launch.Cluster, cmd: list[str], tag: str,
+                  timeout: float) -> tuple[int | None, str, str]:
+    """One benchmark launch, its output shown as it comes but for rank 0's result line:
+    (exit status, None on timeout; stdout; the output's tail). Interrupted or timed out, its
+    ranks are stopped."""
+    from mlxcluster import links
+
+    proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    tail: collections.deque[str] = collections.deque(maxlen=200)
+    stdout: list[str] = []
+
+    # Both streams: mlx.launch runs remote ranks under ssh -tt, so their stderr arrives on stdout.
+    def relay(stream: typing.IO[str] | None, sink: typing.TextIO, keep: list[str]) -> None:
+        for line in stream or ():
+            keep.append(line)
+            if links.MARKER not in line:
+                sink.write(line)
+                sink.flush()
+                tail.append(line)
+
+    threads = [threading.Thread(target=relay, args=(proc.stdout, sys.stdout, stdout), daemon=True),
+               threading.Thread(target=relay, args=(proc.stderr, sys.stderr, []), daemon=True)]
+    for thread in threads:
+        thread.start()
+    code: int | None = None
+    try:
+        code = proc.wait(timeout)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt) as exc:
+        # Without a tty, ssh going away does not stop mpirun on the launcher: stop it there.
+        subprocess.run(links.stop_command(layout, tag), cwd=REPO, capture_output=True,
+                       timeout=30, stdin=subprocess.DEVNULL)
+        proc.kill()
+        if isinstance(exc, KeyboardInterrupt):
+            raise Exit("interrupted: the benchmark was stopped on every node", code=130) from None
+    for thread in threads:
+        thread.join(timeout=10)
+    return code, "".join(stdout), "".join(tail)
+
+
+@task(name="links", help={
+    "inventory": INVENTORY_HELP,
+    "backends": "Comma-separated: mpi (mpirun + hostfile), ring (mlx.launch); default mpi,ring",
+    "max_size": "Largest all-reduce, e.g. 4MB (default 256MB); caps the pair message (64MB) too",
+    "output": "JSON file to write, the PNG goes next to it (default runs/bench/links-<time>.json)",
+    "timeout": "Seconds each backend's run may take (default 900)"})
+def bench_links(c, inventory=None, backends="mpi,ring", max_size="256MB", output=None,
+                timeout=900):
+    """Latency and bandwidth of every node pair, and all-reduce bandwidth, over the cluster link.
+
+    One rank per node; pairs and all_sum sizes from 4 KB up, with each backend; slow or
+    asymmetric links are flagged. Writes JSON and a PNG under runs/bench/.
+    """
+    from rich.console import Console
+
+    from mlxcluster import links
+
+    try:
+        chosen, max_bytes = links.parse_backends(backends), links.parse_size(max_size)
+        inv = _inventory(c, inventory)
+        cluster, build = _cluster(inv)
+        layout = links.one_rank_per_node(cluster)
+    except links.LinkBenchError as exc:
+        raise Exit(str(exc)) from exc
+    for label, cmd in sync.push_code(layout, REPO / "training"):
+        _step(c, label, cmd, dry_run=False)
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    tag = f"links-{stamp}"
+    docs = {}
+    for backend in chosen:
+        print(f"==> {backend}: pairs and all_sum up to {links.format_bytes(max_bytes)} on "
+              f"{layout.world_size} nodes, one rank each", flush=True)
+        cmd = links.launch_command(layout, backend, max_bytes=max_bytes, tag=tag,
+                                   root=_is_root(cluster.head),
+                                   envs=links.rendered_envs(build / "hosts.json"))
+        code, stdout, tail = _links_launch(layout, cmd, tag, float(timeout))
+        doc = links.extract(stdout)
+        if code != 0 or doc is None:  # mlx.launch exits 0 even when a rank failed
+            raise Exit(links.launch_failure(backend, code, tail, inv,
+                                            [n.name for n in layout.training_nodes]), code=code or 1)
+        docs[backend] = doc
+    result = links.assemble(layout, docs, inventory=inv, max_bytes=max_bytes,
+                            date=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
+    out = Path(output) if output else REPO / "runs" / "bench" / f"links-{stamp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    png = links.plot(result, out.with_suffix(".png"))
+    links.render(result, Console())
+    print(f"wrote {out} and {png}")
+
+
 lab_ns = Collection("lab", lab_up, lab_down, lab_status)
-bench_ns = Collection("bench", bench_provision, bench_train)
+bench_ns = Collection("bench", bench_provision, bench_train, bench_links, bench_scaling)
 data_ns = Collection("data", data_prepare)
 model_ns = Collection("model", model_fetch)
 ns = Collection(provision, hostfile, doctor, train, run, generate, lint, test,

@@ -37,6 +37,14 @@ def push(src: Path, node: Node, dest: str, *, delete: bool = True,
     return [*cmd, f"{src}/", remote_path(node, f"{dest}/")]
 
 
+def push_code(cluster: Cluster, training_dir: Path) -> list[tuple[str, list[str]]]:
+    """(label, rsync) that bring the training code to every node that trains."""
+    work = node_paths(cluster.head)["work"]
+    return [(f"sync code to {node.name}",
+             push(training_dir, node, f"{work}/training", excludes=CODE_EXCLUDES))
+            for node in cluster.training_nodes]
+
+
 def pull(node: Node, src: str, dest: Path) -> list[str]:
     """rsync a directory on ``node`` back to the controller."""
     cmd = ["rsync", "-a"]

@@ -857,6 +857,35 @@ def _replaced(owner: object, name: str, value: object) -> Iterator[None]:
         setattr(owner, name, original)
 
 
+def gradient_sync_seconds(model: nn.Module, group: Any, repeats: int = 5) -> float:
+    """Seconds one all-reduce of the gradients takes, timed alone: the all_sum of an array as big
+    as the trainable parameters (mlx-lm's step fuses it with the compute, so it cannot be timed
+    within). 0.0 on one rank."""
+    if group.size() == 1:
+        return 0.0
+    count = sum(p.size for _, p in tree_flatten(model.trainable_parameters()))
+    grads = mx.zeros((count,), dtype=mx.float32)
+    times = []
+    for _ in range(repeats + 1):  # the first one warms the connections up
+        tic = time.perf_counter()
+        mx.eval(mx.distributed.all_sum(grads, group=group, stream=mx.cpu))
+        times.append(time.perf_counter() - tic)
+    return sorted(times[1:])[repeats // 2]
+
+
+def time_split(
+    records: Sequence[Mapping[str, Any]], model_load: float, sync_per_step: float, steps: int
+) -> dict[str, float]:
+    """Where rank 0's time went: loading, training steps, validation, and of the training the
+    estimated share of the gradient all-reduce (the one timed alone, times the steps)."""
+    return {
+        "model_load": model_load,
+        "training": sum(r.get("train_time", 0.0) for r in records if "train_loss" in r),
+        "evaluation": sum(r.get("val_time", 0.0) for r in records if "val_loss" in r),
+        "gradient_sync_estimate": sync_per_step * steps,
+    }
+
+
 def weight_spread_across_ranks(model: nn.Module, group: Any) -> float:
     """Largest difference between any rank's trainable weights and rank 0's (0.0 alone)."""
     if group.size() == 1:
@@ -909,6 +938,7 @@ def run(
     if config.resume_adapter_file:
         resume_from(model, config.resume_adapter_file)
     print_trainable_parameters(model)
+    model_load = time.monotonic() - started
 
     out = Path(config.adapter_path)
     if rank0:
@@ -991,6 +1021,7 @@ def run(
         # Every rank must end with the same LoRA weights (mlx-lm averages the gradients): check it.
         spread = weight_spread_across_ranks(model, group)
         openblas = ranks_with_openblas(group)
+        sync_per_step = gradient_sync_seconds(model, group)
     finally:
         watchdog.stop()
     if not rank0:
@@ -999,6 +1030,9 @@ def run(
     summary["max_weight_difference_across_ranks"] = spread
     summary["ranks_with_openblas"] = openblas
     summary["resumed_from_step"] = first_step if resumed else None
+    summary["time_split"] = time_split(
+        callback.records, model_load, sync_per_step, steps=config.iters - first_step
+    )
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     try:
         report.plot_losses(callback.records, out / "loss.png")

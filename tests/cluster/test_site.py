@@ -2,14 +2,16 @@
 
 The tests run in file order and share one cluster: dry run on fresh nodes, first
 converge, idempotent second run, checks on every node (testinfra), MPI across the
-nodes over the Thunderbolt-like link, then the bad-input paths: an unreachable node,
-a node added to the inventory, a node whose OS does not match its group.
+nodes over the Thunderbolt-like link, `invoke bench.links` and `bench.scaling` on it, then the bad-input
+paths: an unreachable node, a node added to the inventory, a node whose OS does not match
+its group.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -99,6 +101,61 @@ def test_mpirun_on_the_launcher_reaches_every_node_over_the_thunderbolt_link(lab
         "--mca btl_tcp_if_include bridge0 --mca oob_tcp_if_include bridge0 hostname"))
     assert probe.returncode == 0, probe.stderr
     assert sorted(probe.stdout.split()) == ["node1", "node2", "node3"]
+
+
+def test_bench_links_measures_every_node_pair_and_all_reduce_on_both_backends(lab_cluster, tmp_path):
+    output = tmp_path / "links.json"
+    proc = subprocess.run([str(VENV_BIN / "invoke"), "bench.links", "-i", str(lab_cluster.inventory),
+                           "--max-size", "4MB", "--output", str(output)],
+                          cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          timeout=600)  # mlx.launch leaves an inherited stdin non-blocking
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(output.read_text())
+    nodes = ["node1", "node2", "node3"]
+    assert result["nodes"] == nodes
+    sizes = [4096 * 4**k for k in range(6)]  # 4 KB .. 4 MB
+    for backend in ("mpi", "ring"):
+        run = result["backends"][backend]
+        # One rank per node, on the node itself (the lab hosts' own host names).
+        assert run["world_size"] == 3 and run["hostnames"] == nodes
+        # Every ordered pair (with 3 nodes every pair is also a ring neighbour).
+        assert sorted((p["src"], p["dst"]) for p in run["pairs"]) == [
+            (i, j) for i in range(3) for j in range(3) if i != j], backend
+        assert all(p["latency_us"] > 0 and p["bandwidth_gb_per_s"] > 0 for p in run["pairs"])
+        assert [e["bytes"] for e in run["all_reduce"]] == sizes
+        assert all(e["time_us"] > 0 and e["busbw_gb_per_s"] > 0 for e in run["all_reduce"])
+    assert output.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+    assert "node3 -> node2" in proc.stdout and "4 MB" in proc.stdout  # the tables
+    print(proc.stdout[proc.stdout.index("node pairs"):])
+
+
+def test_bench_scaling_runs_on_one_node_and_on_all_and_reports_the_speedup(lab_cluster, tmp_path):
+    from tests.cluster.test_train import tiny_model_and_data
+
+    model_dir, data_dir = tiny_model_and_data(tmp_path)
+    output = tmp_path / "scaling.json"
+    proc = subprocess.run([str(VENV_BIN / "invoke"), "bench.scaling", "-i", str(lab_cluster.inventory),
+                           "--model", str(model_dir), "--data", str(data_dir), "--iters", "6",
+                           "--extra", "--num-layers 1 --max-seq-length 512 --val-batches 1",
+                           "--output", str(output)],
+                          cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(output.read_text())
+    rows = result["rows"]
+    assert [(r["nodes"], r["ranks"]) for r in rows] == [(1, 1), (3, 3)]
+    assert result["global_batch_size"] == 6  # divisible by 1 and by 3 ranks
+    assert rows[0]["speedup"] == 1.0 and rows[0]["efficiency"] == 1.0
+    assert rows[1]["speedup"] > 0 and rows[1]["efficiency"] == round(rows[1]["speedup"] / 3, 3)
+    for r in rows:
+        assert r["iterations"] == 6 and r["tokens_per_second"] > 0
+        assert set(r["time_split_s"]) == {"sync", "model_load", "training", "evaluation"}
+        assert r["time_split_s"]["training"] > 0 and r["time_split_s"]["sync"] > 0
+    assert rows[1]["gradient_sync_estimate_s"] > 0 == rows[0]["gradient_sync_estimate_s"]
+    assert output.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+    assert "efficiency" in proc.stdout
+    for run in result["runs"].values():
+        shutil.rmtree(run, ignore_errors=True)
 
 
 def doctor(cluster) -> tuple[int, list[dict], str]:

@@ -210,7 +210,7 @@ def test_ctrl_c_on_the_controller_stops_every_rank(provisioned, tmp_path):
     assert finetune_pids(provisioned, 1) == finetune_pids(provisioned, 2) == []
 
 
-RESUME_SETTINGS = ("--iters 60 --batch-size 2 --num-layers 1 --max-seq-length 512 --learning-rate 1e-3 "
+RESUME_SETTINGS = ("--iters 40 --batch-size 2 --num-layers 1 --max-seq-length 512 --learning-rate 1e-3 "
                    "--steps-per-report 5 --save-every 20 --val-batches 1")
 
 
@@ -230,7 +230,7 @@ def max_adapter_difference(a: Path, b: Path) -> float:
 def test_an_interrupted_run_resumes_to_the_adapters_of_an_uninterrupted_one(provisioned, tmp_path):
     model_dir, data_dir = tiny_model_and_data(tmp_path)
     data = ["--model", str(model_dir), "--data", str(data_dir)]
-    whole = invoke_train(provisioned, *data, "--extra", RESUME_SETTINGS + " --steps-per-eval 60")
+    whole = invoke_train(provisioned, *data, "--extra", RESUME_SETTINGS + " --steps-per-eval 40")
     assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
     reference = run_dir_of(whole.stdout)
 
@@ -238,7 +238,7 @@ def test_an_interrupted_run_resumes_to_the_adapters_of_an_uninterrupted_one(prov
     # with node2's rank killed as soon as the checkpoint of step 20 is saved.
     train = subprocess.Popen(
         [INVOKE, "train", "-i", str(provisioned.inventory), *data, "--extra",
-         RESUME_SETTINGS + " --steps-per-eval 1 --val-batches -1"],
+         RESUME_SETTINGS + " --steps-per-eval 1 --val-batches 8"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         stdin=subprocess.DEVNULL)
     assert train.stdout is not None
@@ -262,13 +262,13 @@ def test_an_interrupted_run_resumes_to_the_adapters_of_an_uninterrupted_one(prov
     try:
         assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
         assert f"resuming run {interrupted.name} on 2 ranks" in resumed.stdout
-        assert "(step 20 of 60)" in resumed.stdout
+        assert "(step 20 of 40)" in resumed.stdout
         diff = max_adapter_difference(reference, interrupted)
-        print(f"resumed at step 20 of 60 vs uninterrupted, 2 ranks over mpirun: max abs "
+        print(f"resumed at step 20 of 40 vs uninterrupted, 2 ranks over mpirun: max abs "
               f"difference of the adapters {diff:.3g}")
         assert diff < 1e-6
         summary = json.loads((interrupted / "summary.json").read_text())
-        assert summary["resumed_from_step"] == 20 and summary["iterations"] == 60
+        assert summary["resumed_from_step"] == 20 and summary["iterations"] == 40
         info = json.loads((interrupted / "run.json").read_text())
         assert info["status"] == "finished" and info["attempts"] == 2
         # Nothing to resume any more.

@@ -431,6 +431,7 @@ def test_single_process_training_lowers_the_loss_and_leaves_every_output(tiny_ru
 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["final_val_loss"] == val[-1]["val_loss"]
+    assert summary["time_split"]["gradient_sync_estimate"] == 0.0  # one rank syncs nothing
     assert summary["world_size"] == 1 and summary["tokens_per_second"] > 0
     assert (out / "loss.png").read_bytes().startswith(b"\x89PNG")
     lines = tiny_run["stdout"].splitlines()
@@ -507,6 +508,9 @@ def test_two_ranks_train_the_same_adapters_as_one_process(tiny_run: dict[str, An
     assert max(mx.abs(w).max().item() for w in single.values()) > 1e-2  # the adapters did move
     summary = json.loads((root / "two" / "summary.json").read_text())
     assert summary["world_size"] == 2
+    split = summary["time_split"]
+    assert split["model_load"] > 0 and split["training"] > 0 and split["evaluation"] > 0
+    assert 0 < split["gradient_sync_estimate"] < split["training"]
     assert summary["final_train_loss"] == pytest.approx(
         json.loads((root / "single" / "summary.json").read_text())["final_train_loss"], abs=1e-4
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -87,7 +88,8 @@ def test_ring_ranks_run_the_python_their_env_file_selects(tmp_path):
 
 
 def test_dry_run_prints_the_commands_and_touches_no_host(tmp_path):
-    inventory = tmp_path / "lab7" / "inventory" / "hosts.yml"
+    # A name no lab uses: build/<name>/ is removed afterwards.
+    inventory = tmp_path / f"dry-run-{os.getpid()}" / "inventory" / "hosts.yml"
     inventory.parent.mkdir(parents=True)
     inventory.write_text("cluster: {}\n")
     build = commands.build_dir_for(inventory)
@@ -158,3 +160,12 @@ def test_resume_picks_the_latest_unfinished_run_and_refuses_a_finished_one(tmp_p
             assert message in str(exc.message)
         else:
             raise AssertionError(f"{bad} was accepted")
+
+
+def test_scaling_configurations_keep_the_launcher_and_the_first_nodes():
+    layout = lab_layout()
+    layout["nodes"].append({**layout["nodes"][1], "name": "node3", "thunderbolt_ip": "10.78.5.13"})
+    cluster = Cluster.from_json(layout)
+    assert tasks._first_nodes(cluster, 1).hostfile_lines() == ["10.78.5.11 slots=1"]
+    assert [n.name for n in tasks._first_nodes(cluster, 2).training_nodes] == ["node1", "node2"]
+    assert tasks._first_nodes(cluster, 3).world_size == 3

@@ -1,0 +1,372 @@
+"""`invoke bench.links`: how fast the cluster link is, node pair by node pair and for all-reduce.
+
+training/link_bench.py runs on every node (one rank per node) and measures; this module builds
+its launch lines, reads what rank 0 printed, flags slow and asymmetric links, and renders the
+table and the PNG. All plain functions of their inputs, so the unit tests drive them directly.
+
+One rank per node, whatever a node's slots: the benchmark measures links, and ranks that share
+a node talk through its memory, not over the cable. mpirun gets one rank per node with
+`-np <nodes> --map-by node`; mlx.launch gets a hosts file with one entry per node.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shlex
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlxcluster import launch, sync
+
+# What training/link_bench.py prefixes its JSON line with (a unit test keeps the two equal).
+MARKER = "LINK_BENCH_JSON "
+BACKENDS = ("mpi", "ring")
+# A pair is slow when its bandwidth is below this fraction of the median pair's (same backend),
+# and asymmetric when one direction is this much slower than the other.
+SLOW_FRACTION = 0.5
+ASYMMETRY = 0.25
+# The pair bandwidth message: large enough that latency does not count, capped by --max-size.
+PAIR_BYTES = 64 << 20
+HOSTS_FILE = "link-bench-hosts.json"  # the one-rank-per-node hosts.json, in the work directory
+
+
+class LinkBenchError(ValueError):
+    """Bad options or a cluster the benchmark cannot run on; the message says what to do."""
+
+
+# --- options ---------------------------------------------------------------------------------------
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmg]?)(?:i?b)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from 4096, 4K, 4KB, 4KiB, 256M, 1G (binary units, as message sizes are powers of 2)."""
+    match = _SIZE.match(str(text))
+    if not match:
+        raise LinkBenchError(f"--max-size {text!r}: give bytes or a size like 4MB, 256MB, 1GB")
+    value = int(match[1]) << {"": 0, "k": 10, "m": 20, "g": 30}[match[2].lower()]
+    if value < 4096:
+        raise LinkBenchError(f"--max-size {text!r}: the smallest all-reduce is 4 KB")
+    return value
+
+
+def parse_backends(text: str) -> list[str]:
+    chosen = [b.strip() for b in text.split(",") if b.strip()]
+    unknown = [b for b in chosen if b not in BACKENDS]
+    if unknown or not chosen:
+        raise LinkBenchError(f"--backends {text!r}: choose from {', '.join(BACKENDS)} "
+                             "(comma-separated, e.g. mpi,ring)")
+    return list(dict.fromkeys(chosen))
+
+
+def format_bytes(n: int) -> str:
+    for unit, shift in (("GB", 30), ("MB", 20), ("KB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} B"
+
+
+# --- launching -------------------------------------------------------------------------------------
+
+
+def one_rank_per_node(cluster: launch.Cluster) -> launch.Cluster:
+    """The cluster with one slot on each node that trains (the others stay out)."""
+    layout = launch.Cluster(cluster.launcher, tuple(
+        dataclasses.replace(n, slots=min(n.slots, 1)) for n in cluster.nodes))
+    if len(layout.training_nodes) < 2:
+        raise LinkBenchError(f"a link benchmark needs at least 2 nodes with mpi_slots > 0; this "
+                             f"inventory has {len(layout.training_nodes)}")
+    if cluster.head.slots < 1:
+        raise LinkBenchError(f"the launcher {cluster.head.name} has mpi_slots: 0, but rank 0 runs "
+                             "there: give it a slot")
+    return layout
+
+
+def ring_hosts(layout: launch.Cluster, envs: Sequence[str] = ()) -> dict[str, Any]:
+    """mlx.launch's hosts.json with one entry per node (the rendered one has one per slot)."""
+    return {"backend": "ring", "envs": list(envs),
+            "hosts": [{"ssh": n.thunderbolt_ip, "ips": [n.thunderbolt_ip]}
+                      for n in layout.training_nodes]}
+
+
+def rendered_envs(hosts_json: Path) -> list[str]:
+    """The envs of the hosts.json provisioning rendered (hostfile_mlx_envs), if it is there."""
+    try:
+        return list(json.loads(hosts_json.read_text()).get("envs", []))
+    except (OSError, ValueError):
+        return []
+
+
+def program(layout: launch.Cluster, *, max_bytes: int, tag: str) -> list[str]:
+    return ["python", "-m", "training.link_bench", "--max-size", str(max_bytes),
+            "--pair-bytes", str(min(PAIR_BYTES, max_bytes)),
+            "--expected-world-size", str(layout.world_size), "--tag", tag]
+
+
+def launch_command(layout: launch.Cluster, backend: str, *, max_bytes: int, tag: str,
+                   root: bool, envs: Sequence[str] = ()) -> list[str]:
+    """The controller's command that runs the benchmark on every node of `layout` from the
+    launcher, as invoke train launches (env.sh sourced, the cluster link pinned)."""
+    head = layout.head
+    work = sync.node_paths(head)["work"]
+    args = program(layout, max_bytes=max_bytes, tag=tag)
+    prefix = ""
+    if backend == "ring":
+        hosts = f"{work}/{HOSTS_FILE}"
+        content = shlex.quote(json.dumps(ring_hosts(layout, envs)))
+        prefix = f"printf '%s\\n' {content} > {shlex.quote(hosts)} && "
+        cmd = [f"{head.venv}/bin/mlx.launch", "--backend", "ring", "--hostfile", hosts,
+               "--cwd", work,
+               # As invoke train: every rank runs bash, which sources its env.sh (venv, OpenBLAS)
+               # and execs the venv's python; mlx.launch alone could only pass fixed values.
+               "--python", "bash", "--",
+               "-c", f'. {shlex.quote(str(head.env_file))} && exec python "$@"', *args]
+    elif backend == "mpi":
+        args[0] = f"{head.venv}/bin/python"
+        cmd = launch.mpirun_command(layout, args, launch.MpiOptions(
+            allow_run_as_root=root, extra=["--map-by", "node", "--wdir", work]))
+    else:
+        raise LinkBenchError(f"unknown backend {backend!r}")
+    return launch.ssh_command(head, prefix + launch.on_launcher(layout, cmd, workdir=work))
+
+
+def stop_command(layout: launch.Cluster, tag: str) -> list[str]:
+    """Stops a benchmark's launcher (and with it every rank) when the controller gives up on it."""
+    pattern = f"(mpirun|mlx\\.launch|python) .*--tag {tag}"  # tag: letters, digits, dashes
+    return launch.ssh_command(layout.head, f"pkill -TERM -f {shlex.quote(pattern)}")
+
+
+def extract(stdout: str) -> dict[str, Any] | None:
+    """The JSON document rank 0 printed, from among whatever else reached stdout."""
+    for line in reversed(stdout.splitlines()):
+        if MARKER in line:
+            try:
+                return json.loads(line.split(MARKER, 1)[1])
+            except ValueError:
+                return None
+    return None
+
+
+# Lines of a failed launch's output that say why (the rest is mpirun's and mlx.launch's boilerplate).
+_CAUSE = re.compile(r"rank \d+: error|^ssh: |Node with rank \d+ exited|Error: |ORTE was unable|"
+                    r"exited on signal|Process name:|Exit code:")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def launch_failure(backend: str, code: int | None, output_tail: str, inventory: str,
+                   names: Sequence[str] = ()) -> str:
+    """What to tell the user when a backend's run failed: how, the lines that say why, which
+    node each rank was, and what to run next."""
+    what = "timed out (raise --timeout if it was still making progress)" if code is None else (
+        f"exited {code}" if code else "exited 0 but rank 0 printed no result")
+    lines = [_ANSI.sub("", line).strip() for line in output_tail.splitlines()]
+    causes = list(dict.fromkeys(line for line in lines if _CAUSE.search(line)))[-8:]
+    shown = "\n".join(f"  {line}" for line in causes) or "  (see the output above)"
+    ranks = ", ".join(f"{rank} {name}" for rank, name in enumerate(names))
+    return (f"the {backend} launch {what}:\n{shown}\n" + (f"ranks: {ranks}\n" if ranks else "")
+            + f"check the cluster with: invoke doctor -i {inventory}")
+
+
+# --- judging ---------------------------------------------------------------------------------------
+
+
+def flag_pairs(pairs: Sequence[Mapping[str, Any]], names: Sequence[str]) -> list[dict[str, Any]]:
+    """Slow pairs (bandwidth < SLOW_FRACTION x the median pair's) and asymmetric ones (one
+    direction more than ASYMMETRY slower than the other), with what to look at."""
+    if not pairs:
+        return []
+    median = statistics.median(p["bandwidth_gb_per_s"] for p in pairs)
+    by_pair = {(p["src"], p["dst"]): p for p in pairs}
+    flags = []
+    for p in pairs:
+        src, dst, bw = p["src"], p["dst"], p["bandwidth_gb_per_s"]
+        where = {"src": src, "dst": dst, "from": names[src], "to": names[dst]}
+        if bw < SLOW_FRACTION * median:
+            flags.append({**where, "kind": "slow",
+                          "detail": f"{bw:.3g} GB/s, {bw / median:.2f}x the median pair's "
+                                    f"{median:.3g} GB/s"})
+        back = by_pair.get((dst, src))
+        if back and max(bw, back["bandwidth_gb_per_s"]) > 0 and \
+                1 - min(bw, back["bandwidth_gb_per_s"]) / max(bw, back["bandwidth_gb_per_s"]) > ASYMMETRY:
+            flags.append({**where, "kind": "asymmetric",
+                          "detail": f"{bw:.3g} GB/s, but {back['bandwidth_gb_per_s']:.3g} GB/s back"})
+    return flags
+
+
+def assemble(layout: launch.Cluster, docs: Mapping[str, Mapping[str, Any]], *, inventory: str,
+             date: str, max_bytes: int) -> dict[str, Any]:
+    """One result from each backend's document: node names by rank, flags per backend."""
+    names = [n.name for n in layout.training_nodes]
+    for backend, doc in docs.items():
+        if doc["world_size"] != len(names):
+            raise LinkBenchError(f"the {backend} run joined {doc['world_size']} ranks, not one per "
+                                 f"node ({len(names)}): run invoke doctor")
+    flags = [{"backend": backend, **flag} for backend, doc in docs.items()
+             for flag in flag_pairs(doc["pairs"], names)]
+    return {"benchmark": "links", "date": date, "inventory": inventory, "nodes": names,
+            "max_bytes": max_bytes, "slow_fraction": SLOW_FRACTION, "asymmetry": ASYMMETRY,
+            "backends": dict(docs), "flags": flags}
+
+
+@dataclass(frozen=True)
+class PairRow:
+    src: str
+    dst: str
+    # backend -> (latency in us, bandwidth in GB/s); absent: not measured on that backend
+    figures: Mapping[str, tuple[float, float]]
+    flags: tuple[str, ...]
+
+
+def pair_rows(result: Mapping[str, Any]) -> list[PairRow]:
+    """One row per ordered node pair measured on any backend, in rank order."""
+    names = result["nodes"]
+    measured: dict[tuple[int, int], dict[str, tuple[float, float]]] = {}
+    for backend, doc in result["backends"].items():
+        for p in doc["pairs"]:
+            measured.setdefault((p["src"], p["dst"]), {})[backend] = (
+                p["latency_us"], p["bandwidth_gb_per_s"])
+    rows = []
+    for (src, dst), figures in sorted(measured.items()):
+        flags = tuple(f"{f['kind']} ({f['backend']})" for f in result["flags"]
+                      if (f["src"], f["dst"]) == (src, dst))
+        rows.append(PairRow(names[src], names[dst], figures, flags))
+    return rows
+
+
+def all_reduce_rows(result: Mapping[str, Any]) -> list[tuple[int, dict[str, Mapping[str, Any]]]]:
+    """(bytes, backend -> that size's figures), by size."""
+    sizes: dict[int, dict[str, Mapping[str, Any]]] = {}
+    for backend, doc in result["backends"].items():
+        for entry in doc["all_reduce"]:
+            sizes.setdefault(entry["bytes"], {})[backend] = entry
+    return sorted(sizes.items())
+
+
+# --- showing ---------------------------------------------------------------------------------------
+
+
+def render(result: Mapping[str, Any], console: Any) -> None:
+    """The node pairs table, the all-reduce table, and the flagged links."""
+    from rich.table import Table
+
+    backends = list(result["backends"])
+    pairs = Table(title="node pairs over the cluster link: latency in us (half a round trip), "
+                        f"bandwidth in GB/s ({format_bytes(_pair_bytes(result))} messages)",
+                  title_justify="left")
+    pairs.add_column("from -> to", no_wrap=True)
+    for backend in backends:
+        pairs.add_column(f"{backend} us", justify="right")
+        pairs.add_column(f"{backend} GB/s", justify="right")
+    pairs.add_column("flags")
+    for row in pair_rows(result):
+        cells = []
+        for backend in backends:
+            latency, bandwidth = row.figures.get(backend, (None, None))
+            cells += ["-" if latency is None else f"{latency:.1f}",
+                      "-" if bandwidth is None else f"{bandwidth:.3f}"]
+        flag = "[bold red]" + ", ".join(row.flags) + "[/]" if row.flags else "[green]ok[/]"
+        pairs.add_row(f"{row.src} -> {row.dst}", *cells, flag)
+    console.print(pairs)
+    for backend, doc in result["backends"].items():
+        if note := doc.get("pairs_note"):
+            console.print(f"{backend}: {note}")
+
+    n = len(result["nodes"])
+    reduce = Table(title=f"all_sum over {n} ranks, one per node (bus bandwidth: "
+                         f"2({n}-1)/{n} x bytes / time)", title_justify="left")
+    reduce.add_column("size", justify="right", no_wrap=True)
+    for backend in backends:
+        reduce.add_column(f"{backend} us", justify="right")
+        reduce.add_column(f"{backend} bus GB/s", justify="right")
+    for nbytes, by_backend in all_reduce_rows(result):
+        cells = []
+        for backend in backends:
+            entry = by_backend.get(backend)
+            cells += ["-", "-"] if entry is None else [f"{entry['time_us']:.1f}",
+                                                       f"{entry['busbw_gb_per_s']:.3f}"]
+        reduce.add_row(format_bytes(nbytes), *cells)
+    console.print(reduce)
+    if result["flags"]:
+        console.print(f"[bold red]{len(result['flags'])} flag(s)[/]: slow = below {SLOW_FRACTION}x "
+                      f"the median pair's bandwidth, asymmetric = the two directions differ by more "
+                      f"than {ASYMMETRY:.0%}. Check the cable, the ports and both ends' interface "
+                      "(invoke doctor); a node busy with something else looks slow too: re-run.")
+        for f in result["flags"]:
+            console.print(f"  {f['from']} -> {f['to']} {f['kind']} on {f['backend']}: {f['detail']}")
+    else:
+        console.print("[green]no slow or asymmetric link[/]")
+
+
+def _pair_bytes(result: Mapping[str, Any]) -> int:
+    return next((doc["settings"]["pair_bytes"] for doc in result["backends"].values()), PAIR_BYTES)
+
+
+def pair_matrix(doc: Mapping[str, Any], key: str, n: int) -> list[list[float]]:
+    """n x n values of one pair figure (row: from, column: to); NaN where not measured."""
+    matrix = [[float("nan")] * n for _ in range(n)]
+    for p in doc["pairs"]:
+        matrix[p["src"]][p["dst"]] = p[key]
+    return matrix
+
+
+def plot(result: Mapping[str, Any], path: Path) -> Path:
+    """PNG: per backend with pairs, heat maps of pair bandwidth and latency (flagged cells
+    outlined in red); beside them all-reduce bus bandwidth against size, one curve per backend."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+
+    names = result["nodes"]
+    n = len(names)
+    with_pairs = [b for b, doc in result["backends"].items() if doc["pairs"]]
+    rows = max(1, len(with_pairs))
+    figure = Figure(figsize=(16, 4.8 * rows), layout="constrained")
+    grid = figure.add_gridspec(rows, 3)
+    for row, backend in enumerate(with_pairs):
+        doc = result["backends"][backend]
+        flagged = {(f["src"], f["dst"]) for f in result["flags"] if f["backend"] == backend}
+        for col, (key, label, cmap, fmt) in enumerate((
+                ("bandwidth_gb_per_s", "bandwidth (GB/s)", "viridis", "{:.2f}"),
+                ("latency_us", "latency (us)", "viridis_r", "{:.0f}"))):
+            ax = figure.add_subplot(grid[row, col])
+            matrix = pair_matrix(doc, key, n)
+            image = ax.imshow(matrix, cmap=cmap)
+            figure.colorbar(image, ax=ax, shrink=0.8)
+            ax.set_xticks(range(n), names, rotation=45, ha="right")
+            ax.set_yticks(range(n), names)
+            ax.set_xlabel("to")
+            ax.set_ylabel("from")
+            ax.set_title(f"{backend}: pair {label}" + (", red: flagged" if col == 0 else ""))
+            for i in range(n):
+                for j in range(n):
+                    if matrix[i][j] == matrix[i][j]:  # not NaN
+                        ax.text(j, i, fmt.format(matrix[i][j]), ha="center", va="center",
+                                color="white", fontsize=9,
+                                bbox={"facecolor": "black", "alpha": 0.35, "linewidth": 0})
+                    if col == 0 and (i, j) in flagged:
+                        ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False,
+                                               edgecolor="red", linewidth=3))
+    curve = figure.add_subplot(grid[:, 2] if with_pairs else grid[0, :])
+    for backend, doc in result["backends"].items():
+        entries = doc["all_reduce"]
+        curve.plot([e["bytes"] for e in entries], [e["busbw_gb_per_s"] for e in entries],
+                   marker="o", label=backend)
+    sizes = sorted({e["bytes"] for doc in result["backends"].values() for e in doc["all_reduce"]})
+    curve.set_xscale("log", base=2)
+    curve.set_yscale("log")  # small messages are latency-bound: orders of magnitude below
+    if sizes:
+        curve.set_xticks(sizes, [format_bytes(s) for s in sizes], rotation=45, ha="right")
+    curve.set_xlabel("all_sum size")
+    curve.set_ylabel("bus bandwidth (GB/s)")
+    curve.set_title(f"all_sum over {n} ranks (one per node)")
+    curve.minorticks_off()
+    curve.grid(True, alpha=0.3)
+    curve.legend()
+    figure.suptitle(f"cluster links: {', '.join(names)} ({result['date']})")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    return path
