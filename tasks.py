@@ -285,8 +285,8 @@ def train_plan(cluster: launch.Cluster, *, run_id: str, data: Path, model: Path,
                           sync.push(config.parent, node, f"{paths['work']}/config",
                                     delete=False)))
     steps.append((f"copy the model to {head.name}", sync.push(model, head, remote_model)))
-    for cmd in sync.fan_out(cluster, remote_model):
-        steps.append((f"fan the model out from {head.name} over the cluster link", cmd))
+    for name, cmd in sync.fan_out(cluster, remote_model):
+        steps.append((f"copy the model from {head.name} to {name} over the cluster link", cmd))
     for node in cluster.training_nodes:
         steps.append((f"verify the model's checksums on {node.name}",
                       sync.verify_model(cluster, node, remote_model)))

@@ -53,21 +53,22 @@ def pull(node: Node, src: str, dest: Path) -> list[str]:
     return [*cmd, remote_path(node, f"{src}/"), f"{dest}/"]
 
 
-def fan_out(cluster: Cluster, path: str) -> list[list[str]]:
-    """Commands that copy ``path`` from the launcher to every other node over the cluster link.
+def fan_out(cluster: Cluster, path: str) -> list[tuple[str, list[str]]]:
+    """(node, command) that copy ``path`` from the launcher to every other node that trains, over
+    the cluster link.
 
     Run on the launcher through ssh: it reaches the others by their Thunderbolt IP with the
     mesh keys that ssh_mesh installed (no prompt: BatchMode).
     """
     head = cluster.head
     commands = []
-    for node in cluster.nodes:
+    for node in cluster.training_nodes:
         if node.name == head.name or not node.reachable:
             continue
         rsync = shlex.join(["rsync", "-a", "--delete", "-e", "ssh -o BatchMode=yes",
                             f"--rsync-path=mkdir -p {shlex.quote(path)} && rsync",
                             f"{path}/", f"{node.thunderbolt_ip}:{path}/"])
-        commands.append(ssh_command(head, rsync))
+        commands.append((node.name, ssh_command(head, rsync)))
     return commands
 
 

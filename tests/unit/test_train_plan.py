@@ -39,7 +39,7 @@ def test_plan_syncs_code_and_data_everywhere_and_fans_the_model_out_over_the_lin
     labels = [label for label, _ in steps]
     assert labels == ["sync code to node1", "sync data to node1", "sync code to node2",
                       "sync data to node2", "copy the model to node1",
-                      "fan the model out from node1 over the cluster link",
+                      "copy the model from node1 to node2 over the cluster link",
                       "verify the model's checksums on node1", "verify the model's checksums on node2"]
     fan = commands.join(steps[5][1])
     assert "root@10.77.5.11" in fan and "10.78.5.12:/opt/mlx-cluster/models/tiny/" in fan
