@@ -348,10 +348,10 @@ def train_plan(cluster: launch.Cluster, *, run_id: str, data: Path, model: Path,
               "unfinished run in runs/) or --resume=RUN_ID; its data, model and settings are kept",
     "dry_run": "Print every command and touch no host"}, optional=["resume"])
 def train(c, inventory=None, config=None, data=None, model=None, iters=None, batch_size=None,
-          extra="", backend="mpi", interface=None, btl_tcp_links=None, threads=None,
+          extra="", backend=None, interface=None, btl_tcp_links=None, threads=None,
           resume=None, dry_run=False):
     """Fine-tune on the cluster: sync data, code and model, mpirun on every slot, fetch results."""
-    if backend not in ("mpi", "ring"):
+    if backend not in (None, "mpi", "ring"):
         raise Exit(f"--backend must be mpi or ring, not {backend!r}")
     inv = _inventory(c, inventory)
     cluster, _ = _cluster(inv)
@@ -365,6 +365,7 @@ def train(c, inventory=None, config=None, data=None, model=None, iters=None, bat
         resume_run, info = _resumable_run(None if resume is True else str(resume))
         data = data or info["data"]
         model = model or info["model"]
+        backend = backend or info.get("backend")
         # Every rank reads the settings the run was started with: its config.yaml, which rank 0
         # wrote and which came back with the run's files, goes to every node like a --config.
         config = REPO / "build" / "resume" / f"{resume_run}.yaml"
@@ -392,7 +393,7 @@ def train(c, inventory=None, config=None, data=None, model=None, iters=None, bat
         overrides += ["--batch-size", str(batch_size)]
     results = launch_training(
         c, cluster, inventory=inv, data_dir=data_dir, model_dir=model_dir, config=config_path,
-        overrides=overrides, backend=backend, interface=interface,
+        overrides=overrides, backend=backend or "mpi", interface=interface,
         btl_tcp_links=int(btl_tcp_links) if btl_tcp_links else None,
         threads=int(threads) if threads else None, dry_run=dry_run, resume_run=resume_run)
     if results:

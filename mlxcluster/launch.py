@@ -197,6 +197,7 @@ def rank_nodes(cluster: Cluster) -> list[str]:
 _SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
 _FIRST_FAILED = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]\s*Exit code:\s*(\d+)")
 _RANK_ERROR = re.compile(r"^rank (\d+): (?:error: )?(.+)$", re.MULTILINE)
+_RING_EXIT = re.compile(r"Node with rank (\d+) exited with code (\d+)")  # mlx.launch
 _LAST_STEP = re.compile(r"iter\s+(\d+)/(\d+)\s+loss")
 
 
@@ -210,6 +211,10 @@ def describe_failure(cluster: Cluster, output: str) -> str:
         node = by_ip.get(node, node)
         parts.append(f"rank {rank} on {node} was killed by signal {signum}")
     elif match := _FIRST_FAILED.search(output):
+        rank = int(match[1])
+        node = names[rank] if rank < len(names) else "?"
+        parts.append(f"rank {rank} on {node} exited with status {match[2]}")
+    elif match := _RING_EXIT.search(output):
         rank = int(match[1])
         node = names[rank] if rank < len(names) else "?"
         parts.append(f"rank {rank} on {node} exited with status {match[2]}")

@@ -109,11 +109,14 @@ the job to be terminated. The first process to do so was:
 
 CONFIG = "rank 1: error: batch_size 3 is not divisible by the 2 ranks\n"
 
+RING = "iter 20/60  loss 4.2\n\x1b[33m[WARN] Node with rank 1 exited with code 255 \x1b[0m\n"
+
 
 @pytest.mark.parametrize(("output", "description"), [
     (KILLED, "rank 2 on node2 was killed by signal 9; last step reported: 10 of 100"),
     (EXITED, "rank 1 on node1 exited with status 1; last step reported: 10 of 40"),
     (CONFIG, "rank 1 on node1: batch_size 3 is not divisible by the 2 ranks; no step was reported"),
+    (RING, "rank 1 on node1 exited with status 255; last step reported: 20 of 60"),
     ("ssh: connect to host node1.mgmt: No route to host", "no step was reported"),
 ])
 def test_a_failed_launch_is_described_by_rank_node_and_last_step(output, description):
