@@ -17,7 +17,8 @@ What this adds:
 - a loud distributed start: `mx.distributed.init(strict=True)` with the launcher's backend, and a
   check that the ranks MLX joined are as many as expected (`--expected-world-size`, or the size the
   launcher announces), instead of N processes each silently training alone;
-- the same seeds on every rank (mx for the LoRA init and dropout, numpy for the batch order);
+- the same seeds on every rank (the LoRA init and dropout), and a batch order that depends on the
+  seed alone (`training/batches.py`), the same on every rank and after a resume;
 - on rank 0 only: a progress bar (plain lines when stdout is not a terminal, as under mpirun),
   `metrics.jsonl`, `config.yaml` (the resolved settings: `--config` it to run again),
   `adapter_config.json` as mlx-lm writes it, `loss.png` and `summary.json`, next to the adapters.
@@ -928,8 +929,9 @@ def run(
     # Tokenized once, on first use, for the training loop and the last validation alike.
     valid = CacheDataset(valid_set) if valid_set else None
 
-    # Same seeds on every rank: the LoRA matrices start equal everywhere (mlx), and every rank
-    # walks the global batches in the same order (mlx-lm's batching shuffles with numpy's global RNG).
+    # Same seeds on every rank: the LoRA matrices start equal everywhere (mlx). The batch order has
+    # its own RNG from the same seed (training/batches.py); numpy's global one is seeded for anything
+    # else that draws from it.
     mx.random.seed(config.seed)
     np.random.seed(config.seed)
     model.freeze()
