@@ -12,7 +12,6 @@ import datetime as dt
 import json
 import math
 import os
-import select
 import shlex
 import shutil
 import subprocess
@@ -20,7 +19,6 @@ import sys
 import threading
 import time
 import typing
-from collections.abc import Callable
 from pathlib import Path
 
 from invoke.collection import Collection
@@ -28,7 +26,7 @@ from invoke.context import Context
 from invoke.exceptions import Exit
 from invoke.tasks import task
 
-from mlxcluster import commands, lab, launch, sync
+from mlxcluster import commands, lab, launch, runs, sync
 
 REPO = Path(__file__).resolve().parent
 VENV_BIN = Path(sys.executable).parent
@@ -362,7 +360,10 @@ def train(c, inventory=None, config=None, data=None, model=None, iters=None, bat
         if config:
             raise Exit("--config and --resume do not go together: a resumed run keeps the "
                        "settings it was started with (change reporting and the like with --extra)")
-        resume_run, info = _resumable_run(None if resume is True else str(resume))
+        try:
+            resume_run, info = runs.resumable(REPO / "runs", None if resume is True else str(resume))
+        except runs.RunError as exc:
+            raise Exit(str(exc)) from None
         data = data or info["data"]
         model = model or info["model"]
         backend = backend or info.get("backend")
@@ -400,29 +401,6 @@ def train(c, inventory=None, config=None, data=None, model=None, iters=None, bat
         _print_run_summary(results)
 
 
-def _resumable_run(run_id: str | None) -> tuple[str, dict]:
-    """(id, run.json) of the run --resume continues: the one named, or the latest unfinished."""
-    runs = REPO / "runs"
-    if run_id is None:
-        unfinished = sorted(p for p in runs.glob("2*") if (p / "run.json").exists()
-                            and not (p / "summary.json").exists())
-        if not unfinished:
-            raise Exit("no unfinished run in runs/ to resume: start one with invoke train")
-        run_dir = unfinished[-1]
-    else:
-        run_dir = runs / Path(run_id).name
-        if not (run_dir / "run.json").exists():
-            known = ", ".join(p.name for p in sorted(runs.glob("2*"))[-5:]) or "none"
-            raise Exit(f"--resume {run_id}: no run.json in {run_dir} (recent runs: {known})")
-        if (run_dir / "summary.json").exists():
-            raise Exit(f"run {run_dir.name} finished all its steps: nothing to resume "
-                       "(start a new run with invoke train)")
-    if not (run_dir / "config.yaml").exists():
-        raise Exit(f"run {run_dir.name} stopped before it started training (it has no "
-                   "config.yaml): start a new run with invoke train")
-    return run_dir.name, json.loads((run_dir / "run.json").read_text())
-
-
 def _stop_run(cluster: launch.Cluster, run_id: str) -> None:
     """Stop a run's launcher on the launcher node; it takes every rank down with it.
 
@@ -432,62 +410,6 @@ def _stop_run(cluster: launch.Cluster, run_id: str) -> None:
     pattern = f"(mpirun|mlx\\.launch|python) .*runs/{run_id}"
     subprocess.run(launch.ssh_command(cluster.head, f"pkill -TERM -f {shlex.quote(pattern)}"),
                    cwd=REPO, capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
-
-
-# What a rank's watchdog prints when it stops itself (training/watchdog.py).
-STALL_MESSAGE = b"error: no progress for"
-# How long the launcher gets to exit after a rank stalled. mpirun waits for ever for the node
-# daemon of a node that dropped off the link, so then the run is stopped from here.
-STALL_GRACE = 20.0
-
-
-def _relay(cmd: list[str], keep: int = 1 << 16,
-           on_stall: Callable[[], None] | None = None) -> tuple[int, str]:
-    """Run cmd with its output passed through as it comes (progress bars included); return the
-    exit status and the output's tail, from which a failure is described.
-
-    on_stall is called once if a rank reported a stall and cmd is still running STALL_GRACE
-    seconds later."""
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    assert proc.stdout is not None
-    tail = b""
-    out = sys.stdout.buffer
-    stalled_at: float | None = None
-    while True:
-        ready, _, _ = select.select([proc.stdout], [], [], 1.0)
-        if ready:
-            if not (chunk := proc.stdout.read1(4096)):
-                break
-            out.write(chunk)
-            out.flush()
-            if stalled_at is None and STALL_MESSAGE in tail[-len(STALL_MESSAGE):] + chunk:
-                stalled_at = time.monotonic()
-            tail = (tail + chunk)[-keep:]
-        if stalled_at is not None and on_stall and time.monotonic() - stalled_at > STALL_GRACE:
-            on_stall()
-            on_stall = None
-    return proc.wait(), tail.decode(errors="replace")
-
-
-def _write_run_info(results: Path, info: dict) -> None:
-    """runs/<id>/run.json, replaced whole: what the run is, and how far it got."""
-    results.mkdir(parents=True, exist_ok=True)
-    partial = results / ".run.json.partial"
-    partial.write_text(json.dumps(info, indent=2) + "\n")
-    partial.replace(results / "run.json")
-
-
-def _latest_checkpoint(results: Path) -> int | None:
-    steps = [int(p.name) for p in (results / "checkpoints").glob("[0-9]" * 7)
-             if (p / "state.json").exists()]
-    return max(steps, default=None)
-
-
-def _resume_hint(results: Path) -> str:
-    step = _latest_checkpoint(results)
-    if step is None:
-        return ""
-    return f"; its checkpoint at step {step} continues with: invoke train --resume {results.name}"
 
 
 def launch_training(c: Context, cluster: launch.Cluster, *, inventory: str, data_dir: Path,
@@ -529,36 +451,36 @@ def launch_training(c: Context, cluster: launch.Cluster, *, inventory: str, data
     if resume_run:
         before = json.loads((results / "run.json").read_text())
         info["attempts"] = before.get("attempts", 1) + 1
-    _write_run_info(results, info)
+    runs.write_info(results, info)
     def stop_stalled_run() -> None:
-        print(f"==> a rank stalled and the launcher has not exited after {STALL_GRACE:.0f} s: "
+        print(f"==> a rank stalled and the launcher has not exited after {runs.STALL_GRACE:.0f} s: "
               f"stopping run {run_id} on {cluster.head.name}", flush=True)
         _stop_run(cluster, run_id)
 
     try:
-        code, output = _relay(launch_cmd, on_stall=stop_stalled_run)
+        code, output = runs.relay(launch_cmd, REPO, on_stall=stop_stalled_run)
     except KeyboardInterrupt:
         _stop_run(cluster, run_id)
         subprocess.run(pull_cmd, cwd=REPO, capture_output=True, timeout=300)
-        _write_run_info(results, info | {"status": "interrupted",
+        runs.write_info(results, info | {"status": "interrupted",
                                          "wall_time_s": round(time.perf_counter() - start, 1)})
         raise Exit(f"interrupted: every rank of run {run_id} was stopped"
-                   f"{_resume_hint(results)}", code=130) from None
+                   f"{runs.resume_hint(results)}", code=130) from None
     subprocess.run(pull_cmd, cwd=REPO, capture_output=True)
     # summary.json is written last by rank 0: mlx.launch exits 0 even when a rank failed.
     finished = code == 0 and (results / "summary.json").exists()
-    _write_run_info(results, info | {"status": "finished" if finished else "failed",
+    runs.write_info(results, info | {"status": "finished" if finished else "failed",
                                      "exit_code": code,
                                      "wall_time_s": round(time.perf_counter() - start, 1)})
     if not finished:
         why = launch.describe_failure(cluster, output)
-        if STALL_MESSAGE.decode() in output:
+        if runs.STALL_MESSAGE.decode() in output:
             # A stall has a cause elsewhere (a node or link gone): the node checks name it.
             red = _red_node_checks(cluster, None)
             why += "; the nodes now: " + ("; ".join(f"{c.scope}: {c.name}: {c.detail}"
                                                     for c in red) if red else "all checks green")
         raise Exit(f"training failed (exit {code}): {why}; "
-                   f"what arrived is in {results}{_resume_hint(results)}", code=code or 1)
+                   f"what arrived is in {results}{runs.resume_hint(results)}", code=code or 1)
     if not (results / "loss.png").exists():
         # Nodes need no matplotlib: the controller draws the plot from the metrics.
         _python_module(c, "training.report", [str(results)])
@@ -679,10 +601,10 @@ def _print_run_summary(results: Path) -> None:
 
 
 def _latest_run() -> Path:
-    runs = sorted(p for p in (REPO / "runs").glob("2*") if (p / "summary.json").exists())
-    if not runs:
+    run_dirs = sorted(p for p in (REPO / "runs").glob("2*") if (p / "summary.json").exists())
+    if not run_dirs:
         raise Exit("no finished run in runs/: run invoke train first, or pass --adapter")
-    return runs[-1]
+    return run_dirs[-1]
 
 
 @task(help={"prompt": "What to ask", "adapter": "Run directory with adapters (default: latest)",
@@ -751,13 +673,13 @@ def _bench_scaling(c: Context, cluster: launch.Cluster, inventory: str, data_dir
     overrides = ["--iters", str(iters), "--batch-size", str(batch_size), "--steps-per-report", "5",
                  "--steps-per-eval", str(iters), "--val-batches", "2", "--save-every", str(iters)]
     # Alternate the two so that a slow spell of the (shared) machine hits both alike.
-    runs: dict[str, list[Path]] = {"one_rank": [], "two_ranks": []}
+    run_dirs: dict[str, list[Path]] = {"one_rank": [], "two_ranks": []}
     for _ in range(rounds):
         for name, layout in (("one_rank", one_rank), ("two_ranks", cluster)):
-            runs[name].append(launch_training(
+            run_dirs[name].append(launch_training(
                 c, layout, inventory=inventory, data_dir=data_dir, model_dir=model_dir,
                 config=None, overrides=overrides, threads=1))
-    speeds = {name: [_tokens_per_second(r) for r in results] for name, results in runs.items()}
+    speeds = {name: [_tokens_per_second(r) for r in results] for name, results in run_dirs.items()}
     one, two = (sum(v) / len(v) for v in (speeds["one_rank"], speeds["two_ranks"]))
     # What this machine's cores give two independent single-threaded workers: the lab's nodes
     # share it, so this bounds the 2-over-1 ratio here (separate Macs share nothing). A short
@@ -781,7 +703,7 @@ def _bench_scaling(c: Context, cluster: launch.Cluster, inventory: str, data_dir
         "matmul_gflops_one_node_alone": alone,
         "matmul_gflops_two_nodes_at_once": round(together, 2),
         "machine_ceiling_two_over_one": round(together / alone, 3),
-        "runs": {n: [str(r) for r in rs] for n, rs in runs.items()},
+        "runs": {n: [str(r) for r in rs] for n, rs in run_dirs.items()},
     }
 
 
@@ -885,7 +807,7 @@ def bench_scaling(c, inventory=None, nodes=None, iters=30, batch_size=None, data
     _preflight(cluster, _model_bytes(model_dir))
     overrides = ["--iters", str(iters), "--batch-size", str(batch_size), "--steps-per-report", "5",
                  "--steps-per-eval", str(iters), "--save-every", str(iters), *shlex.split(extra)]
-    rows, runs = [], {}
+    rows, run_dirs = [], {}
     for count, layout in layouts.items():
         print(f"==> scaling: {iters} steps of global batch {batch_size} on {count} "
               f"node{'s' if count > 1 else ''}", flush=True)
@@ -893,7 +815,7 @@ def bench_scaling(c, inventory=None, nodes=None, iters=30, batch_size=None, data
                                   config=None, overrides=overrides,
                                   threads=int(threads) if threads else None)
         assert results is not None
-        runs[count] = str(results)
+        run_dirs[count] = str(results)
         rows.append(scaling.row(count, layout.world_size,
                                 json.loads((results / "summary.json").read_text()),
                                 json.loads((results / "run.json").read_text())))
@@ -906,7 +828,7 @@ def bench_scaling(c, inventory=None, nodes=None, iters=30, batch_size=None, data
         "benchmark": "scaling", "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "inventory": inv, "model": str(model_dir), "data": str(data_dir), "iters": int(iters),
         "global_batch_size": int(batch_size), "host_cpus": os.cpu_count(), "rows": rows,
-        "runs": runs}, indent=2) + "\n")
+        "runs": run_dirs}, indent=2) + "\n")
     png = scaling.plot(rows, out.with_suffix(".png"), title)
     Console(width=max(Console().width, 120)).print(scaling.table(rows, title))
     print(f"wrote {out} and {png}")

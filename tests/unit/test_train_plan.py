@@ -140,28 +140,6 @@ def test_resume_continues_the_run_with_the_settings_it_was_started_with():
         "/opt/mlx-cluster/runs/r1 --expected-world-size 2 --steps-per-report 5")
 
 
-def test_resume_picks_the_latest_unfinished_run_and_refuses_a_finished_one(tmp_path, monkeypatch):
-    monkeypatch.setattr(tasks, "REPO", tmp_path)
-    runs = tmp_path / "runs"
-    for run_id, finished in (("20260101-000000", False), ("20260102-000000", False),
-                             ("20260103-000000", True)):
-        (runs / run_id).mkdir(parents=True)
-        (runs / run_id / "run.json").write_text(json.dumps({"data": "/d", "model": "/m"}))
-        (runs / run_id / "config.yaml").write_text("iters: 10\n")
-        if finished:
-            (runs / run_id / "summary.json").write_text("{}")
-    assert tasks._resumable_run(None)[0] == "20260102-000000"
-    assert tasks._resumable_run("20260101-000000") == ("20260101-000000", {"data": "/d", "model": "/m"})
-    for bad, message in (("20260103-000000", "finished all its steps: nothing to resume"),
-                         ("20990101-000000", "no run.json in")):
-        try:
-            tasks._resumable_run(bad)
-        except tasks.Exit as exc:
-            assert message in str(exc.message)
-        else:
-            raise AssertionError(f"{bad} was accepted")
-
-
 def test_scaling_configurations_keep_the_launcher_and_the_first_nodes():
     layout = lab_layout()
     layout["nodes"].append({**layout["nodes"][1], "name": "node3", "thunderbolt_ip": "10.78.5.13"})

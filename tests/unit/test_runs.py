@@ -1,0 +1,60 @@
+"""The controller's run records: which run --resume continues, and the relay of a launch."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlxcluster import runs
+
+
+def test_resume_picks_the_latest_unfinished_run_and_refuses_a_finished_one(tmp_path: Path):
+    for run_id, finished in (("20260101-000000", False), ("20260102-000000", False),
+                             ("20260103-000000", True)):
+        (tmp_path / run_id).mkdir()
+        runs.write_info(tmp_path / run_id, {"data": "/d", "model": "/m"})
+        (tmp_path / run_id / "config.yaml").write_text("iters: 10\n")
+        if finished:
+            (tmp_path / run_id / "summary.json").write_text("{}")
+    assert runs.resumable(tmp_path, None)[0] == "20260102-000000"
+    assert runs.resumable(tmp_path, "20260101-000000") == ("20260101-000000", {"data": "/d", "model": "/m"})
+    for bad, message in (("20260103-000000", "finished all its steps: nothing to resume"),
+                         ("20990101-000000", "no run.json in")):
+        with pytest.raises(runs.RunError, match=message):
+            runs.resumable(tmp_path, bad)
+    (tmp_path / "20260102-000000" / "config.yaml").unlink()
+    with pytest.raises(runs.RunError, match="stopped before it started training"):
+        runs.resumable(tmp_path, "20260102-000000")
+
+
+def test_the_resume_hint_names_the_latest_whole_checkpoint(tmp_path: Path):
+    assert runs.resume_hint(tmp_path) == ""
+    for step in ("0000020", "0000040"):
+        (tmp_path / "checkpoints" / step).mkdir(parents=True)
+    (tmp_path / "checkpoints" / "0000020" / "state.json").write_text("{}")
+    (tmp_path / "checkpoints" / ".0000060.partial").mkdir()
+    assert runs.resume_hint(tmp_path) == (
+        f"; its checkpoint at step 20 continues with: invoke train --resume {tmp_path.name}")
+
+
+def test_the_relay_stops_a_launch_that_outlives_a_stalled_rank(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(runs, "STALL_GRACE", 0.5)
+    script = ("import sys, time\n"
+              "print('rank 1: error: no progress for 30 s (allowed 30 s)', flush=True)\n"
+              "time.sleep(30)\n")
+    stopped = []
+    launch = [sys.executable, "-c", script]
+
+    def stop() -> None:
+        stopped.append(True)
+        import subprocess
+
+        subprocess.run(["pkill", "-f", "no progress for 30 s"], check=False)
+
+    code, output = runs.relay(launch, tmp_path, on_stall=stop)
+    assert stopped == [True]
+    assert code != 0 and "rank 1: error: no progress for 30 s" in output
+    assert json.dumps(output)  # the tail is text
