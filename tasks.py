@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -408,8 +409,12 @@ def _stop_run(cluster: launch.Cluster, run_id: str) -> None:
     remote side, and mpirun would train on unattended.
     """
     pattern = f"(mpirun|mlx\\.launch|python) .*runs/{run_id}"
-    subprocess.run(launch.ssh_command(cluster.head, f"pkill -TERM -f {shlex.quote(pattern)}"),
-                   cwd=REPO, capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
+    try:
+        subprocess.run(launch.ssh_command(cluster.head, f"pkill -TERM -f {shlex.quote(pattern)}"),
+                       cwd=REPO, capture_output=True, timeout=20, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        print(f"warning: could not reach {cluster.head.name} to stop run {run_id} there: check "
+              "for its processes (invoke doctor)", file=sys.stderr, flush=True)
 
 
 def launch_training(c: Context, cluster: launch.Cluster, *, inventory: str, data_dir: Path,
@@ -461,7 +466,9 @@ def launch_training(c: Context, cluster: launch.Cluster, *, inventory: str, data
         code, output = runs.relay(launch_cmd, REPO, on_stall=stop_stalled_run)
     except KeyboardInterrupt:
         _stop_run(cluster, run_id)
-        subprocess.run(pull_cmd, cwd=REPO, capture_output=True, timeout=300)
+        with contextlib.suppress(subprocess.TimeoutExpired):  # what arrived, if it comes quickly
+            subprocess.run(pull_cmd, cwd=REPO, capture_output=True, timeout=30,
+                           stdin=subprocess.DEVNULL)
         runs.write_info(results, info | {"status": "interrupted",
                                          "wall_time_s": round(time.perf_counter() - start, 1)})
         raise Exit(f"interrupted: every rank of run {run_id} was stopped"

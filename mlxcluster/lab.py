@@ -40,6 +40,11 @@ REPO = Path(__file__).resolve().parent.parent
 LAB_ROOT = Path(os.environ.get("MLX_LAB_ROOT", "/srv/mlx-lab"))
 WHEELHOUSE = Path("/var/cache/mlx-lab/wheels")
 OVERLAID = ("opt", "usr", "etc", "var", "root", "home")
+# MLX's CPU backend compiles its kernels with the C++ compiler on first use and keeps them in
+# /tmp/mlx. A lab node's /tmp is its own and starts empty, so every fresh lab paid tens of seconds
+# per training shape for kernels compiled before. Every lab node mounts this directory there
+# instead: a real node's /tmp keeps its kernels from one run to the next too.
+JIT_CACHE = LAB_ROOT / "mlx-jit-cache"
 THUNDERBOLT_IFACE = "bridge0"
 # Debian packages the roles install on Linux nodes; the lab caches them.
 APT_PACKAGES = ("openmpi-bin", "libopenmpi-dev", "libopenblas0-pthread", "python3-venv", "g++",
@@ -168,6 +173,8 @@ def _node_script(lab: Lab, i: int, authorized_key: str) -> str:
 mount -t tmpfs -o mode=0755 tmpfs /run
 mkdir -p /run/sshd /run/lock
 mount -t tmpfs -o mode=1777 tmpfs /tmp
+mkdir -p {JIT_CACHE} /tmp/mlx
+mount --bind {JIT_CACHE} /tmp/mlx
 hostname node{i}
 echo node{i} > /etc/hostname
 cat > /etc/hosts <<'EOF'

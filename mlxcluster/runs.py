@@ -24,7 +24,7 @@ class RunError(ValueError):
 STALL_MESSAGE = b"error: no progress for"
 # How long the launcher gets to exit after a rank stalled. mpirun waits for ever for the node
 # daemon of a node that dropped off the link, so then the run is stopped from here.
-STALL_GRACE = 20.0
+STALL_GRACE = 10.0
 
 
 def relay(cmd: list[str], cwd: Path, keep: int = 1 << 16,

@@ -177,6 +177,7 @@ def training_under_way(cluster, tmp_path: Path) -> Iterator[subprocess.Popen]:
         yield train
     finally:
         train.kill()
+        train.communicate()  # closes the pipes
 
 
 def test_a_rank_killed_mid_run_stops_every_rank_and_is_named(provisioned, tmp_path):
@@ -200,8 +201,10 @@ def test_a_rank_killed_mid_run_stops_every_rank_and_is_named(provisioned, tmp_pa
 def test_ctrl_c_on_the_controller_stops_every_rank(provisioned, tmp_path):
     """Without a tty (output piped), ssh hangs nothing up: invoke train stops the run itself."""
     with training_under_way(provisioned, tmp_path) as train:
+        interrupted = time.perf_counter()
         train.send_signal(signal.SIGINT)
-        _, stderr = train.communicate(timeout=60)
+        _, stderr = train.communicate(timeout=90)
+        print(f"Ctrl-C -> invoke train returned in {time.perf_counter() - interrupted:.1f} s")
     assert train.returncode == 130, stderr[-2000:]
     assert "interrupted: every rank of run" in stderr
     deadline = time.monotonic() + 30
