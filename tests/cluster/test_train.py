@@ -156,6 +156,12 @@ def finetune_pids(cluster, node: int) -> list[int]:
     return found
 
 
+def _ctrl_c_as_at_a_terminal() -> None:
+    # A command started in the background by a shell without job control (as a CI script may
+    # be) ignores SIGINT, and so does everything it starts: give invoke train the default.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @contextlib.contextmanager
 def training_under_way(cluster, tmp_path: Path) -> Iterator[subprocess.Popen]:
     """`invoke train` on a long run, handed over once rank 0 has reported step 3; killed after."""
@@ -166,7 +172,7 @@ def training_under_way(cluster, tmp_path: Path) -> Iterator[subprocess.Popen]:
          "--steps-per-report 1 --steps-per-eval 5000 --val-batches 1 --num-layers 1 "
          "--max-seq-length 256"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        stdin=subprocess.DEVNULL)
+        stdin=subprocess.DEVNULL, preexec_fn=_ctrl_c_as_at_a_terminal)
     assert train.stdout is not None and train.stderr is not None
     try:
         for line in train.stdout:
