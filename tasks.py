@@ -242,6 +242,22 @@ def _cluster(inv: str) -> tuple[launch.Cluster, Path]:
     return cluster, build
 
 
+def _data_and_model(c: Context, cluster: launch.Cluster, data: str | None, model: str | None,
+                    fetch: bool = True) -> tuple[Path, Path]:
+    """The data and model directories on the controller: the ones given, or the bundled pirate
+    demo and SmolLM2 in the nodes' dtype, prepared or fetched on first use when `fetch`."""
+    dtype = "float16" if all(n.os_family == "Darwin" for n in cluster.training_nodes) \
+        else "float32"
+    data_dir = Path(data) if data else REPO / "build" / "data" / "pirate"
+    model_dir = Path(model) if model else _default_model_dir(dtype)
+    if fetch:
+        if data is None and not (data_dir / "train.jsonl").exists():
+            data_prepare(c, output=str(data_dir))
+        if model is None and not (model_dir / "config.json").exists():
+            model_fetch(c, output=str(model_dir), dtype=dtype)
+    return data_dir, model_dir
+
+
 def _is_root(node: launch.Node) -> bool:
     user = (node.connection or {}).get("user")
     if (node.connection or {}).get("type") == "local" or user is None:
@@ -354,8 +370,6 @@ def train(c, inventory=None, config=None, data=None, model=None, iters=None, bat
         raise Exit(f"--backend must be mpi or ring, not {backend!r}")
     inv = _inventory(c, inventory)
     cluster, _ = _cluster(inv)
-    dtype = "float16" if all(n.os_family == "Darwin" for n in cluster.training_nodes) \
-        else "float32"
     resume_run = None
     if resume:
         if config:
@@ -373,16 +387,11 @@ def train(c, inventory=None, config=None, data=None, model=None, iters=None, bat
         config = REPO / "build" / "resume" / f"{resume_run}.yaml"
         config.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(REPO / "runs" / resume_run / "config.yaml", config)
-    data_dir = Path(data) if data else REPO / "build" / "data" / "pirate"
-    model_dir = Path(model) if model else _default_model_dir(dtype)
     config_path = Path(config).resolve() if config else None
     if config_path and not config_path.is_file():
         raise Exit(f"--config {config} does not exist")
-    if not dry_run and not resume_run:
-        if data is None and not (data_dir / "train.jsonl").exists():
-            data_prepare(c, output=str(data_dir))
-        if model is None and not (model_dir / "config.json").exists():
-            model_fetch(c, output=str(model_dir), dtype=dtype)
+    data_dir, model_dir = _data_and_model(c, cluster, data, model,
+                                          fetch=not dry_run and not resume_run)
     for path, what in ((data_dir, "data"), (model_dir, "model")):
         if not dry_run and not path.is_dir():
             raise Exit(f"--{what} {path} is not a directory")
@@ -803,14 +812,7 @@ def bench_scaling(c, inventory=None, nodes=None, iters=30, batch_size=None, data
     if not batch_size:
         step = math.lcm(*(layout.world_size for layout in layouts.values()))
         batch_size = step * -(-4 // step)
-    dtype = "float16" if all(n.os_family == "Darwin" for n in cluster.training_nodes) \
-        else "float32"
-    data_dir = Path(data) if data else REPO / "build" / "data" / "pirate"
-    model_dir = Path(model) if model else _default_model_dir(dtype)
-    if data is None and not (data_dir / "train.jsonl").exists():
-        data_prepare(c, output=str(data_dir))
-    if model is None and not (model_dir / "config.json").exists():
-        model_fetch(c, output=str(model_dir), dtype=dtype)
+    data_dir, model_dir = _data_and_model(c, cluster, data, model)
     _preflight(cluster, _model_bytes(model_dir))
     overrides = ["--iters", str(iters), "--batch-size", str(batch_size), "--steps-per-report", "5",
                  "--steps-per-eval", str(iters), "--save-every", str(iters), *shlex.split(extra)]
