@@ -683,8 +683,7 @@ def _bench_scaling(c: Context, cluster: launch.Cluster, inventory: str, data_dir
                    model_dir: Path, iters: int, batch_size: int, rounds: int) -> dict:
     """tokens/s of the same run on 1 rank and on 2 (one per node), launched as invoke train does."""
     head = cluster.head
-    one_rank = launch.Cluster(cluster.launcher, tuple(
-        n if n.name == head.name else dataclasses.replace(n, slots=0) for n in cluster.nodes))
+    one_rank = _first_nodes(cluster, 1)
     # Same global batch and steps; one BLAS thread per rank, so a rank is one core's work.
     overrides = ["--iters", str(iters), "--batch-size", str(batch_size), "--steps-per-report", "5",
                  "--steps-per-eval", str(iters), "--val-batches", "2", "--save-every", str(iters)]
