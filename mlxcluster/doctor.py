@@ -7,9 +7,11 @@ checks, each green or red with the fix for red, and is a plain function the unit
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import subprocess
+import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlxcluster import launch
+from mlxcluster import launch, remote
+from mlxcluster.cluster import Cluster, Node, hostfile_entries
+from mlxcluster.errors import UserError
 
 PROBE = Path(__file__).with_name("probe.py")
 REPROVISION = "run invoke provision -i <inventory>"
@@ -40,26 +44,24 @@ class Check:
 # --- gathering -------------------------------------------------------------------------------------
 
 
-def probe_command(cluster: launch.Cluster, node: launch.Node) -> list[str]:
+def probe_command(cluster: Cluster, node: Node) -> list[str]:
     """ssh (or local bash) that runs probe.py on `node`, fed on stdin, with the node's env.sh."""
     args = {"cluster_root": node.cluster_root or "", "venv": node.venv or "",
             "interface": node.thunderbolt_interface or "",
             "peers": [n.thunderbolt_ip for n in cluster.nodes if n.name != node.name]}
     env = shlex.quote(node.env_file or "/nonexistent")
     line = f"if [ -f {env} ]; then . {env}; fi; python3 - {shlex.quote(json.dumps(args))}"
-    return launch.ssh_command(node, line)
+    return remote.ssh_command(node, line, connect_timeout=5)
 
 
-def probe_node(cluster: launch.Cluster, node: launch.Node, timeout: float = 60) -> dict[str, Any]:
+def probe_node(cluster: Cluster, node: Node, timeout: float = 60) -> dict[str, Any]:
     cmd = probe_command(cluster, node)
-    if cmd[0] == "ssh":
-        cmd[1:1] = ["-o", "ConnectTimeout=5"]
     try:
         proc = subprocess.run(cmd, input=PROBE.read_text(), capture_output=True, text=True,
                               timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"unreachable": f"no answer within {timeout:.0f} s"}
-    if proc.returncode == 255 and cmd[0] == "ssh":
+    if proc.returncode == 255 and not remote.is_local(node):
         return {"unreachable": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "ssh failed"}
     try:
         return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -67,21 +69,19 @@ def probe_node(cluster: launch.Cluster, node: launch.Node, timeout: float = 60) 
         return {"unreachable": f"the probe failed ({proc.returncode}): {proc.stderr.strip()[-300:]}"}
 
 
-def mpi_job(cluster: launch.Cluster, program: Sequence[str], *, root: bool,
-            timeout: float = 60) -> tuple[int, str]:
-    """Run `program` on every slot with mpirun from the launcher, as invoke run does."""
-    head = cluster.head
-    mpirun = launch.mpirun_command(cluster, program, launch.MpiOptions(allow_run_as_root=root))
-    cmd = launch.ssh_command(head, launch.on_launcher(cluster, mpirun, workdir=head.cluster_root))
+def mpi_job(cluster: Cluster, program: Sequence[str], timeout: float = 60) -> tuple[int, str]:
+    """Run `program` on every slot with mpirun from the launcher, as every launch does. In the
+    cluster root: the work directory appears only with the first run."""
+    job = launch.Job(program, backend="mpi", workdir=cluster.head.cluster_root)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
+        proc = subprocess.run(launch.command(cluster, job), capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         return 124, f"no answer within {timeout:.0f} s"
     return proc.returncode, (proc.stdout + proc.stderr).strip()
 
 
-def gather(cluster: launch.Cluster) -> dict[str, Any]:
+def gather(cluster: Cluster) -> dict[str, Any]:
     """Every node's probe, all at once."""
     with ThreadPoolExecutor(max_workers=len(cluster.nodes)) as pool:
         facts = dict(zip((n.name for n in cluster.nodes),
@@ -89,16 +89,16 @@ def gather(cluster: launch.Cluster) -> dict[str, Any]:
     return {"nodes": facts, "jobs": {}}
 
 
-def run_jobs(cluster: launch.Cluster, *, root: bool) -> dict[str, tuple[int, str]]:
+def run_jobs(cluster: Cluster) -> dict[str, tuple[int, str]]:
     """The cluster-wide MPI jobs: hostname on every slot, and an MLX all_sum over every rank."""
-    jobs = {"hostname": mpi_job(cluster, ["hostname"], root=root)}
+    jobs = {"hostname": mpi_job(cluster, ["hostname"])}
     if cluster.world_size > 1:
-        jobs["all_sum"] = mpi_job(cluster, ["python", "-c", ALL_SUM], root=root)
+        jobs["all_sum"] = mpi_job(cluster, ["python", "-c", ALL_SUM])
     return jobs
 
 
-def diagnose(cluster: launch.Cluster, rendered_hostfile: str, model_bytes: int | None, *,
-             root: bool, mpi_jobs: bool = True) -> list[Check]:
+def diagnose(cluster: Cluster, rendered_hostfile: str, model_bytes: int | None, *,
+             mpi_jobs: bool = True) -> list[Check]:
     """Probe, judge, and only on a cluster that is green so far, launch the MPI jobs: on a red
     one they could only fail, slowly (a down link makes mpirun wait for its timeouts)."""
     gathered = gather(cluster)
@@ -109,7 +109,7 @@ def diagnose(cluster: launch.Cluster, rendered_hostfile: str, model_bytes: int |
     if red:
         return [*checks, Check("cluster", "MPI jobs (mpirun hostname, MLX all_sum)", False,
                                f"not run: {red} check(s) above failed", "fix those first")]
-    gathered["jobs"] = run_jobs(cluster, root=root)
+    gathered["jobs"] = run_jobs(cluster)
     return evaluate(cluster, rendered_hostfile, gathered, model_bytes)
 
 
@@ -137,30 +137,31 @@ def _agreement(name: str, values: Mapping[str, str | None], fix: str) -> list[Ch
     return checks
 
 
-def evaluate(cluster: launch.Cluster, rendered_hostfile: str, gathered: Mapping[str, Any],
-             model_bytes: int | None = None) -> list[Check]:
-    facts: Mapping[str, Mapping[str, Any]] = gathered["nodes"]
-    checks: list[Check] = []
-    reachable = {}
+Facts = Mapping[str, Mapping[str, Any]]  # node name -> what its probe found
+
+
+def _management(cluster: Cluster, facts: Facts) -> list[Check]:
+    checks = []
     for node in cluster.nodes:
         f = facts.get(node.name, {"unreachable": "not probed"})
         conn = node.connection or {}
-        how = "local" if conn.get("type") == "local" else f"ssh {conn.get('user') or ''}@{conn.get('host')}"
+        how = "local" if remote.is_local(node) else f"ssh {conn.get('user') or ''}@{conn.get('host')}"
         if "unreachable" in f:
             checks.append(Check(node.name, "management ssh", False, f"{how}: {f['unreachable']}",
                                 "power the node on, check ansible_host/ansible_user in the inventory "
                                 "and that `ssh` to it works without a prompt"))
         else:
             checks.append(Check(node.name, "management ssh", True, how))
-            reachable[node.name] = f
-    nodes = [n for n in cluster.nodes if n.name in reachable]
+    return checks
 
+
+def _pairs(cluster: Cluster, nodes: Sequence[Node], facts: Facts) -> list[Check]:
+    checks = []
     for node in nodes:
         for peer in cluster.nodes:
             if peer.name == node.name:
                 continue
-            result = reachable[node.name]["ssh"].get(peer.thunderbolt_ip,
-                                                     {"ok": False, "error": ["not tried"]})
+            result = facts[node.name]["ssh"].get(peer.thunderbolt_ip, {"ok": False, "error": ["not tried"]})
             error = " ".join(result["error"] or [])
             if result["ok"]:
                 fix = ""
@@ -171,10 +172,13 @@ def evaluate(cluster: launch.Cluster, rendered_hostfile: str, gathered: Mapping[
             checks.append(Check(
                 f"{node.name} -> {peer.name}", "ssh over the cluster link", result["ok"],
                 peer.thunderbolt_ip if result["ok"] else f"{peer.thunderbolt_ip}: {error}", fix))
+    return checks
 
-    venvs = {n.name: reachable[n.name]["venv"] for n in nodes}
-    checks += _agreement("Open MPI", {n.name: reachable[n.name]["openmpi"] for n in nodes},
-                         f"{REPROVISION} (the openmpi role installs it)")
+
+def _software(cluster: Cluster, nodes: Sequence[Node], facts: Facts) -> list[Check]:
+    venvs = {n.name: facts[n.name]["venv"] for n in nodes}
+    checks = _agreement("Open MPI", {n.name: facts[n.name]["openmpi"] for n in nodes},
+                        f"{REPROVISION} (the openmpi role installs it)")
     for key, label in (("python", "Python"), ("mlx", "mlx"), ("mlx_lm", "mlx-lm")):
         checks += _agreement(label, {n: v.get(key) for n, v in venvs.items()},
                              f"{REPROVISION} (the python_env role pins it)")
@@ -190,18 +194,26 @@ def evaluate(cluster: launch.Cluster, rendered_hostfile: str, gathered: Mapping[
                                 f"{REPROVISION} (libmpi missing from the node)"))
         else:
             checks.append(Check(node.name, "venv", True, str(node.venv)))
+    return checks
 
-    expected = launch.hostfile_entries(rendered_hostfile)
+
+def _hostfiles(nodes: Sequence[Node], facts: Facts, rendered_hostfile: str) -> list[Check]:
+    expected = hostfile_entries(rendered_hostfile)
+    checks = []
     for node in nodes:
-        text = reachable[node.name]["hostfile"]
-        ok = text is not None and launch.hostfile_entries(text) == expected
+        text = facts[node.name]["hostfile"]
+        ok = text is not None and hostfile_entries(text) == expected
         detail = "as rendered" if ok else ("missing" if text is None else
                                            "differs from build/<inventory>/hostfile")
         checks.append(Check(node.name, "hostfile", ok, detail,
                             "" if ok else f"{REPROVISION} (it renders and copies the hostfile)"))
+    return checks
 
+
+def _interfaces(nodes: Sequence[Node], facts: Facts) -> list[Check]:
+    checks = []
     for node in nodes:
-        iface = reachable[node.name]["interface"]
+        iface = facts[node.name]["interface"]
         want = f"{node.thunderbolt_ip}/{node.thunderbolt_prefix}"
         name = node.thunderbolt_interface
         if "error" in iface:
@@ -219,27 +231,35 @@ def evaluate(cluster: launch.Cluster, rendered_hostfile: str, gathered: Mapping[
         checks.append(Check(node.name, f"interface {name}", not problems,
                             "; ".join(problems) or f"up, {want}, MTU {iface['mtu']}",
                             f"{REPROVISION} (the thunderbolt role sets address and MTU)" if problems else ""))
+    return checks
 
-    if model_bytes:
-        for node in nodes:
-            memory, disk = reachable[node.name]["memory"], reachable[node.name]["disk_free"]
-            need_mem, need_disk = model_bytes * MEMORY_FACTOR, model_bytes * DISK_FACTOR
-            if memory.get("available") is not None:
-                ok = memory["available"] >= need_mem
-                checks.append(Check(
-                    node.name, "free memory", ok,
-                    f"{_gib(memory['available'])} free, the model needs ~{_gib(need_mem)}",
-                    "" if ok else "close other programs, or train a smaller or quantized model"))
-            if disk is not None:
-                ok = disk >= need_disk
-                checks.append(Check(node.name, "free disk", ok,
-                                    f"{_gib(disk)} free under cluster_root, need ~{_gib(need_disk)}",
-                                    "" if ok else "free disk space under cluster_root (old runs/)"))
 
-    jobs = gathered.get("jobs", {})
+def _room(nodes: Sequence[Node], facts: Facts, model_bytes: int | None) -> list[Check]:
+    """Free memory and disk against the model's size."""
+    checks: list[Check] = []
+    if not model_bytes:
+        return checks
+    need_mem, need_disk = model_bytes * MEMORY_FACTOR, model_bytes * DISK_FACTOR
+    for node in nodes:
+        memory, disk = facts[node.name]["memory"], facts[node.name]["disk_free"]
+        if memory.get("available") is not None:
+            ok = memory["available"] >= need_mem
+            checks.append(Check(node.name, "free memory", ok,
+                                f"{_gib(memory['available'])} free, the model needs ~{_gib(need_mem)}",
+                                "" if ok else "close other programs, or train a smaller or quantized model"))
+        if disk is not None:
+            ok = disk >= need_disk
+            checks.append(Check(node.name, "free disk", ok,
+                                f"{_gib(disk)} free under cluster_root, need ~{_gib(need_disk)}",
+                                "" if ok else "free disk space under cluster_root (old runs/)"))
+    return checks
+
+
+def _jobs(cluster: Cluster, facts: Facts, jobs: Mapping[str, tuple[int, str]]) -> list[Check]:
+    checks = []
     if "hostname" in jobs:
         code, out = jobs["hostname"]
-        want_names = Counter({reachable[n.name]["hostname"]: n.slots for n in cluster.training_nodes})
+        want_names = Counter({facts[n.name]["hostname"]: n.slots for n in cluster.training_nodes})
         got = Counter(line.strip() for line in out.splitlines() if line.strip() in want_names)
         ok = code == 0 and got == want_names
         checks.append(Check("cluster", f"mpirun -np {cluster.world_size} hostname", ok,
@@ -255,6 +275,18 @@ def evaluate(cluster: launch.Cluster, rendered_hostfile: str, gathered: Mapping[
                             "" if ok else "MLX could not join the ranks: fix the red checks above, "
                             "and check that libmpi loads in the venv"))
     return checks
+
+
+def evaluate(cluster: Cluster, rendered_hostfile: str, gathered: Mapping[str, Any],
+             model_bytes: int | None = None) -> list[Check]:
+    """Every check, green or red, from what `gather` (and the MPI jobs) found."""
+    checks = _management(cluster, gathered["nodes"])
+    reachable = {c.scope for c in checks if c.ok}
+    facts = {name: f for name, f in gathered["nodes"].items() if name in reachable}
+    nodes = [n for n in cluster.nodes if n.name in reachable]
+    return [*checks, *_pairs(cluster, nodes, facts), *_software(cluster, nodes, facts),
+            *_hostfiles(nodes, facts, rendered_hostfile), *_interfaces(nodes, facts),
+            *_room(nodes, facts, model_bytes), *_jobs(cluster, facts, gathered.get("jobs", {}))]
 
 
 def render(checks: Sequence[Check], console: Any) -> None:
@@ -276,3 +308,46 @@ def render(checks: Sequence[Check], console: Any) -> None:
             row = [check.name, mark, check.detail, check.fix]
             table.add_row(*([check.scope] if key == "pairs" else []), *row)
         console.print(table)
+
+
+# --- before a launch --------------------------------------------------------------------------------
+
+
+class NotFit(UserError):
+    """Red checks: the cluster is not fit to train; they were shown with their fixes."""
+
+
+def red_node_checks(cluster: Cluster, model_bytes: int | None) -> list[Check]:
+    """The per-node checks (not the MPI jobs) that fail."""
+    rendered = "\n".join(cluster.hostfile_lines())
+    return [c for c in diagnose(cluster, rendered, model_bytes, mpi_jobs=False) if not c.ok]
+
+
+def preflight(cluster: Cluster, model_bytes: int | None) -> None:
+    """invoke doctor's per-node checks (not its MPI jobs: the launch is one): stop on any red."""
+    from rich.console import Console
+
+    print("==> checking the nodes (invoke doctor has the full set)", flush=True)
+    if failed := red_node_checks(cluster, model_bytes):
+        render(failed, Console(stderr=True))
+        raise NotFit(f"not launching: {len(failed)} check(s) failed on the nodes (see the fix column)")
+
+
+def report(checks: Sequence[Check], cluster: Cluster, seconds: float, *, as_json: bool) -> None:
+    """invoke doctor's output: the tables (or JSON) and a summary line; NotFit if any is red."""
+    from rich.console import Console
+
+    console = Console()
+    if as_json:
+        print(json.dumps([dataclasses.asdict(c) for c in checks], indent=2))
+    else:
+        render(checks, console)
+    failed = [c for c in checks if not c.ok]
+    summary = (f"{len(checks) - len(failed)} of {len(checks)} checks passed on "
+               f"{len(cluster.nodes)} nodes in {seconds:.1f} s")
+    if failed:
+        raise NotFit(f"{summary}: {len(failed)} failed (see the fix column)")
+    if as_json:
+        print(summary, file=sys.stderr)
+    else:
+        console.print(f"[green]{summary}[/]")

@@ -31,10 +31,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
+
+from mlxcluster.errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent
 LAB_ROOT = Path(os.environ.get("MLX_LAB_ROOT", "/srv/mlx-lab"))
@@ -53,8 +56,11 @@ APT_PACKAGES = ("openmpi-bin", "libopenmpi-dev", "libopenblas0-pthread", "python
 HOST_TOOLS = {"sshd": "openssh-server", "ssh": "openssh-client", "ip": "iproute2"}
 
 
-class LabError(RuntimeError):
+class LabError(UserError):
     """A lab operation failed in a way the user can fix; the message says how."""
+
+    def __init__(self, message: str):
+        super().__init__(f"lab: {message}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -365,6 +371,24 @@ def down(lab_id: int = 0) -> None:
         if _link_exists(bridge):
             _run(["ip", "link", "del", bridge], check=False, capture=True)
     shutil.rmtree(lab.root, ignore_errors=True)
+
+
+@contextmanager
+def fresh(nodes: int, lab_id: int, slots: int = 1) -> Iterator[Path]:
+    """A lab of `nodes` new hosts (the offline cache filled first), taken down afterwards: its
+    inventory."""
+    prepare_offline_cache()
+    down(lab_id)
+    try:
+        yield up(nodes, lab_id, slots)
+    finally:
+        down(lab_id)
+
+
+def ansible_env(facts_dir: Path) -> dict[str, str]:
+    """What ansible-playbook needs on a lab: a fact cache of its own. Every lab gets new hosts
+    under the same names, so facts cached for an earlier lab must never be reused."""
+    return {"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(facts_dir)}
 
 
 def status(lab_id: int = 0) -> dict[str, object]:

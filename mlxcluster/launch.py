@@ -1,8 +1,13 @@
-"""How jobs are launched on the cluster: the mpirun (or mlx.launch) command line, and ssh.
+"""Launcher command lines: how a program starts on every rank of a cluster, and how it stops.
 
-Everything here is a plain function of the cluster layout that provisioning recorded in
-``build/<inventory>/cluster.json`` (see roles/hostfile/templates/cluster.json.j2), so the
-tests assert on exact command lines without any host.
+One builder, `command(cluster, job)`, makes the controller's command for invoke train, invoke run,
+invoke doctor's MPI jobs and the benchmarks: ssh to the launcher, source its env.sh, then mpirun
+with the rendered hostfile pinned to the cluster link, `mlx.launch --backend ring`, or (one rank on
+the launcher) the program alone. Every rank gets the same environment from `rank_env`, whoever
+launches it. `describe_failure` and `failure_report` say what a failed launch's output means.
+
+All plain functions of the recorded layout (mlxcluster/cluster.py), so tests assert on exact
+command lines without any host.
 """
 
 from __future__ import annotations
@@ -11,113 +16,89 @@ import json
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
 
-# Variables env.sh (roles/python_env) sets that every rank needs, per launcher OS.
+from mlxcluster import remote
+from mlxcluster.cluster import Cluster
+from mlxcluster.errors import UserError
+
+BACKENDS = ("mpi", "ring")
+# Variables env.sh (roles/python_env) sets that every mpirun rank needs, per launcher OS.
 ENV_FILE_VARS = {
     "Debian": ("PATH", "VIRTUAL_ENV", "LD_PRELOAD"),
     "Darwin": ("PATH", "VIRTUAL_ENV", "DYLD_LIBRARY_PATH"),
 }
-
-
-class LaunchError(RuntimeError):
-    """The cluster cannot be launched as it is; the message says what to fix."""
-
-
-@dataclass(frozen=True)
-class Node:
-    name: str
-    thunderbolt_ip: str
-    slots: int
-    os_family: str = "Debian"
-    thunderbolt_interface: str | None = None
-    thunderbolt_prefix: int = 24
-    thunderbolt_mtu: int = 0  # 0: not recorded
-    cluster_root: str | None = None
-    venv: str | None = None
-    env_file: str | None = None
-    openmpi_prefix: str | None = None
-    reachable: bool = True
-    connection: Mapping[str, Any] = field(default_factory=dict)
+# Markers name a run's processes for pkill: letters, digits, dashes, dots, slashes and spaces.
+_MARKER = re.compile(r"^[\w./ -]+$")
 
 
 @dataclass(frozen=True)
-class Cluster:
-    launcher: str
-    nodes: tuple[Node, ...]
+class Job:
+    """What to start on every rank of a cluster, and how.
 
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Cluster:
-        nodes = tuple(Node(**{k: v for k, v in node.items() if k in Node.__dataclass_fields__})
-                      for node in data["nodes"])
-        return cls(launcher=data["launcher"], nodes=nodes)
+    program: the argv of every rank; a leading "python" is the venv's python.
+    backend: mpi (mpirun + the rendered hostfile), ring (mlx.launch), or direct (one process on
+      the launcher, no launcher program: see `backend_for`).
+    ring_hosts_file: ring only: a file name in the work directory to write this layout's hosts
+      file to (with `ring_envs`), instead of using the rendered <cluster_root>/hosts.json.
+    map_by_node: mpi only: rank i on the i-th node, whatever the hostfile's slots.
+    """
 
-    @classmethod
-    def load(cls, path: Path) -> Cluster:
-        if not path.exists():
-            raise LaunchError(f"{path} is missing: provision the cluster first "
-                              "(invoke provision -i <inventory>)")
-        return cls.from_json(json.loads(path.read_text()))
-
-    @property
-    def head(self) -> Node:
-        return next(n for n in self.nodes if n.name == self.launcher)
-
-    @property
-    def training_nodes(self) -> list[Node]:
-        return [n for n in self.nodes if n.slots > 0]
-
-    @property
-    def world_size(self) -> int:
-        return sum(n.slots for n in self.training_nodes)
-
-    def hostfile_lines(self) -> list[str]:
-        return [f"{n.thunderbolt_ip} slots={n.slots}" for n in self.training_nodes]
-
-
-def hostfile_entries(text: str) -> list[str]:
-    return [line.strip() for line in text.splitlines()
-            if line.strip() and not line.lstrip().startswith("#")]
-
-
-def check_ready(cluster: Cluster, hostfile_text: str) -> None:
-    """Refuse to launch on a cluster that provisioning has not (fully) prepared."""
-    down = [n.name for n in cluster.training_nodes if not n.reachable]
-    if down:
-        raise LaunchError(f"{', '.join(down)} could not be reached when the cluster was last "
-                          "provisioned: bring it back and run invoke provision, or set its "
-                          "mpi_slots: 0")
-    if hostfile_entries(hostfile_text) != cluster.hostfile_lines():
-        raise LaunchError("the rendered hostfile does not match the inventory: run invoke "
-                          "provision (or invoke hostfile) after editing the inventory")
-    head = cluster.head
-    if not head.venv or not head.env_file or not head.cluster_root:
-        raise LaunchError(f"the launcher {head.name} has no venv recorded: run invoke provision")
-
-
-@dataclass(frozen=True)
-class MpiOptions:
+    program: Sequence[str]
+    backend: str = "mpi"
     interface: str | None = None  # default: the launcher's thunderbolt_interface
     btl_tcp_links: int | None = None
-    env: Mapping[str, str] = field(default_factory=dict)  # exported with -x NAME=value
-    allow_run_as_root: bool = False
-    extra: Sequence[str] = ()
+    threads: int | None = None  # BLAS threads per rank
+    interactive: bool = False  # the controller has a terminal: ssh gets a tty, rank 0 draws bars
+    workdir: str | None = None  # default: the launcher's work directory
+    map_by_node: bool = False
+    ring_hosts_file: str | None = None
+    ring_envs: Sequence[str] = ()
 
 
-def mpirun_command(cluster: Cluster, program: Sequence[str], options: MpiOptions) -> list[str]:
-    """The mpirun command run on the launcher (after sourcing env.sh) to start ``program``."""
+def backend_for(cluster: Cluster, requested: str | None) -> str:
+    """The backend of a launch: the one asked for (mpi by default), but one rank on the launcher
+    runs directly. (Under `mpirun -np 1` mlx-lm's trainer initializes MPI, which MLX never
+    finalizes for a group of one, and mpirun fails the job after training finished.)"""
+    backend = requested or "mpi"
+    if backend not in BACKENDS:
+        raise UserError(f"--backend must be {' or '.join(BACKENDS)}, not {backend!r}")
+    if backend == "mpi" and cluster.world_size == 1 and cluster.head.slots == 1:
+        return "direct"
+    return backend
+
+
+def rank_env(cluster: Cluster, job: Job) -> dict[str, str]:
+    """What every rank gets besides env.sh, whatever the backend."""
+    env = {"HF_HUB_OFFLINE": "1"}  # the model is on the node: never ask the hub
+    if not job.interactive:
+        # Open MPI gives ranks a pty: without this rank 0 would draw a progress bar into a log.
+        env["TTY_COMPATIBLE"] = "0"
+    if job.threads:
+        env["OPENBLAS_NUM_THREADS"] = str(job.threads)
+    elif max((n.slots for n in cluster.training_nodes), default=1) > 1:
+        env["OPENBLAS_NUM_THREADS"] = "1"  # several ranks share a machine's cores
+    return env
+
+
+def _venv_python(cluster: Cluster, program: Sequence[str]) -> list[str]:
+    if program and program[0] == "python":
+        return [f"{cluster.head.venv}/bin/python", *program[1:]]
+    return list(program)
+
+
+def mpirun_command(cluster: Cluster, job: Job, env: Mapping[str, str]) -> list[str]:
+    """The mpirun command run on the launcher (after sourcing env.sh) to start the job."""
     head = cluster.head
-    interface = options.interface or head.thunderbolt_interface
-    hostfile = f"{head.cluster_root}/hostfile"
+    interface = job.interface or head.thunderbolt_interface
     cmd = [f"{head.openmpi_prefix}/bin/mpirun" if head.openmpi_prefix else "mpirun"]
-    if options.allow_run_as_root:
+    if remote.logs_in_as_root(head):
         cmd.append("--allow-run-as-root")
     # Open MPI binds each rank to one core when np <= 2 (and to a socket above): a rank alone on
     # a Linux node would then run all its BLAS threads on a single core, and two nodes' ranks
     # sharing one box (the lab) would share core 0. Leave placement to the OS.
-    cmd += ["--hostfile", hostfile, "-np", str(cluster.world_size), "--bind-to", "none"]
+    cmd += ["--hostfile", f"{head.cluster_root}/hostfile", "-np", str(cluster.world_size),
+            "--bind-to", "none"]
     if head.openmpi_prefix and head.os_family == "Darwin":
         # Non-interactive ssh on a Mac has no Homebrew on PATH: tell orted where it lives.
         cmd += ["--prefix", head.openmpi_prefix]
@@ -125,104 +106,131 @@ def mpirun_command(cluster: Cluster, program: Sequence[str], options: MpiOptions
         # Pin both MPI's data path and its out-of-band wire-up to the cluster link,
         # or Open MPI may pick Wi-Fi (or a docker bridge) on its own.
         cmd += ["--mca", "btl_tcp_if_include", interface, "--mca", "oob_tcp_if_include", interface]
-    if options.btl_tcp_links:
-        cmd += ["--mca", "btl_tcp_links", str(options.btl_tcp_links)]
-    # No prompt may ever block a launch: ssh must fail instead of asking.
-    cmd += ["--mca", "plm_rsh_args", "-o BatchMode=yes"]
+    if job.btl_tcp_links:
+        cmd += ["--mca", "btl_tcp_links", str(job.btl_tcp_links)]
+    cmd += ["--mca", "plm_rsh_args", " ".join(remote.BATCH_MODE)]
     for name in ENV_FILE_VARS.get(head.os_family, ENV_FILE_VARS["Debian"]):
         cmd += ["-x", name]
-    for name, value in sorted(options.env.items()):
+    for name, value in sorted(env.items()):
         cmd += ["-x", f"{name}={value}"]
-    cmd += list(options.extra)
-    return [*cmd, *program]
+    if job.map_by_node:
+        cmd += ["--map-by", "node"]
+    cmd += ["--wdir", job.workdir or head.work_dir]
+    return [*cmd, *_venv_python(cluster, job.program)]
 
 
-def on_launcher(cluster: Cluster, command: Sequence[str], workdir: str | None = None) -> str:
-    """The shell line run on the launcher: env.sh sourced, then the command."""
+def ring_hosts(cluster: Cluster, envs: Sequence[str] = ()) -> dict[str, object]:
+    """mlx.launch's hosts file for this layout: one entry per rank, the launcher first."""
+    return {"backend": "ring", "envs": list(envs),
+            "hosts": [{"ssh": n.thunderbolt_ip, "ips": [n.thunderbolt_ip]}
+                      for n in cluster.training_nodes for _ in range(n.slots)]}
+
+
+def mlx_launch_command(cluster: Cluster, job: Job, env: Mapping[str, str]) -> list[str]:
+    """mlx.launch --backend ring, run on the launcher, to start the job."""
     head = cluster.head
-    line = f". {shlex.quote(str(head.env_file))} && "
-    if workdir:
-        line += f"cd {shlex.quote(workdir)} && "
-    return line + shlex.join(command)
+    workdir = job.workdir or head.work_dir
+    hosts = (f"{workdir}/{job.ring_hosts_file}" if job.ring_hosts_file
+             else f"{head.cluster_root}/hosts.json")
+    cmd = [f"{head.venv}/bin/mlx.launch", "--backend", "ring", "--hostfile", hosts,
+           "--cwd", workdir,
+           # mlx.launch can only pass fixed values, but each rank needs what its own env.sh sets
+           # (the venv first on PATH, OpenBLAS preloaded): so every rank runs bash, which sources
+           # env.sh and then execs the venv's python.
+           "--python", "bash"]
+    for name, value in env.items():
+        cmd += ["--env", f"{name}={value}"]
+    # The program's own "python" is bash's $0.
+    return [*cmd, "--", "-c", f'. {shlex.quote(str(head.env_file))} && exec python "$@"',
+            *job.program]
 
 
-def ssh_command(node: Node, remote: str, *, tty: bool = False) -> list[str]:
-    """How the controller runs ``remote`` on ``node``: ssh as Ansible would, or locally."""
-    conn = node.connection or {}
-    if conn.get("type") == "local":
-        return ["bash", "-c", remote]
-    cmd = ["ssh", "-o", "BatchMode=yes"]
-    if tty:
-        # A tty makes Ctrl-C on the controller hang up mpirun, which then stops every rank.
-        cmd.append("-tt")
-    if conn.get("private_key_file"):
-        cmd += ["-i", str(conn["private_key_file"])]
-    if conn.get("port"):
-        cmd += ["-p", str(conn["port"])]
-    cmd += shlex.split(conn.get("ssh_common_args") or "")
-    user = conn.get("user")
-    cmd.append(f"{user}@{conn.get('host')}" if user else str(conn.get("host")))
-    cmd.append(remote)
-    return cmd
+def command(cluster: Cluster, job: Job) -> list[str]:
+    """The controller's command that starts `job` on every rank of `cluster` from its launcher."""
+    head = cluster.head
+    env = rank_env(cluster, job)
+    workdir = job.workdir or head.work_dir
+    prefix = ""
+    if job.backend == "mpi":
+        argv = mpirun_command(cluster, job, env)
+    elif job.backend == "ring":
+        argv = mlx_launch_command(cluster, job, env)
+        if job.ring_hosts_file:
+            content = shlex.quote(json.dumps(ring_hosts(cluster, job.ring_envs)))
+            prefix = f"printf '%s\\n' {content} > {shlex.quote(f'{workdir}/{job.ring_hosts_file}')} && "
+    elif job.backend == "direct":
+        argv = ["env", *(f"{k}={v}" for k, v in sorted(env.items())),
+                *_venv_python(cluster, job.program)]
+    else:
+        raise UserError(f"unknown backend {job.backend!r}: choose from {', '.join(BACKENDS)}")
+    line = remote.shell_line(head, argv, workdir=workdir)
+    return remote.ssh_command(head, prefix + line, tty=job.interactive)
 
 
-def rsync_ssh(node: Node) -> str | None:
-    """The -e argument for rsync to reach ``node`` like Ansible does (None: local)."""
-    conn = node.connection or {}
-    if conn.get("type") == "local":
-        return None
-    parts = ["ssh", "-o", "BatchMode=yes"]
-    if conn.get("private_key_file"):
-        parts += ["-i", str(conn["private_key_file"])]
-    if conn.get("port"):
-        parts += ["-p", str(conn["port"])]
-    parts += shlex.split(conn.get("ssh_common_args") or "")
-    return shlex.join(parts)
+def stop_command(cluster: Cluster, marker: str) -> list[str]:
+    """Stops a job's launcher (and with it every rank): the processes whose command line holds
+    `marker` (a run's directory, a benchmark's tag)."""
+    if not _MARKER.match(marker):
+        raise ValueError(f"marker {marker!r}: letters, digits, dashes, dots and slashes only")
+    pattern = f"(mpirun|mlx\\.launch|python) .*{marker}"
+    return remote.ssh_command(cluster.head, f"pkill -TERM -f {shlex.quote(pattern)}")
 
 
-def remote_path(node: Node, path: str) -> str:
-    conn = node.connection or {}
-    if conn.get("type") == "local":
-        return path
-    user = conn.get("user")
-    host = conn.get("host")
-    return f"{user}@{host}:{path}" if user else f"{host}:{path}"
+def stop(cluster: Cluster, marker: str) -> None:
+    """Stop a job on the launcher. Needed when ssh had no tty (output piped, CI, a timeout): then
+    closing ssh does not hang up the remote side, and the launcher would run on unattended."""
+    if not remote.run_quietly(cluster.head, stop_command(cluster, marker)[-1]):
+        print(f"warning: could not reach {cluster.head.name} to stop {marker} there: check for "
+              "its processes (invoke doctor)", flush=True)
 
 
-def rank_nodes(cluster: Cluster) -> list[str]:
-    """Node name of each rank: mpirun fills the hostfile's hosts in order, slot by slot."""
-    return [n.name for n in cluster.training_nodes for _ in range(n.slots)]
-
+# --- what a failed launch says ---------------------------------------------------------------------
 
 _SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
 _FIRST_FAILED = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]\s*Exit code:\s*(\d+)")
-_RANK_ERROR = re.compile(r"^rank (\d+): (?:error: )?(.+)$", re.MULTILINE)
 _RING_EXIT = re.compile(r"Node with rank (\d+) exited with code (\d+)")  # mlx.launch
+_RANK_ERROR = re.compile(r"^rank (\d+): (?:error: )?(.+)$", re.MULTILINE)
 _LAST_STEP = re.compile(r"iter\s+(\d+)/(\d+)\s+loss")
 
 
-def describe_failure(cluster: Cluster, output: str) -> str:
-    """What a failed launch's output says: which rank on which node, and the last step reported."""
-    names = rank_nodes(cluster)
-    by_ip = {n.thunderbolt_ip: n.name for n in cluster.nodes}
-    parts = []
+def _which_rank(cluster: Cluster, output: str) -> str | None:
     if match := _SIGNALLED.search(output):
-        rank, node, signum = int(match[1]), match[2], int(match[3])
-        node = by_ip.get(node, node)
-        parts.append(f"rank {rank} on {node} was killed by signal {signum}")
-    elif match := _FIRST_FAILED.search(output):
-        rank = int(match[1])
-        node = names[rank] if rank < len(names) else "?"
-        parts.append(f"rank {rank} on {node} exited with status {match[2]}")
-    elif match := _RING_EXIT.search(output):
-        rank = int(match[1])
-        node = names[rank] if rank < len(names) else "?"
-        parts.append(f"rank {rank} on {node} exited with status {match[2]}")
-    elif match := _RANK_ERROR.search(output):
-        rank = int(match[1])
-        node = names[rank] if rank < len(names) else "?"
-        parts.append(f"rank {rank} on {node}: {match[2]}")
+        by_ip = {n.thunderbolt_ip: n.name for n in cluster.nodes}
+        return (f"rank {match[1]} on {by_ip.get(match[2], match[2])} was killed by signal "
+                f"{match[3]}")
+    exited = "rank {rank} on {node} exited with status {detail}"
+    for pattern, template in ((_FIRST_FAILED, exited), (_RING_EXIT, exited),
+                              (_RANK_ERROR, "rank {rank} on {node}: {detail}")):
+        if match := pattern.search(output):
+            rank = int(match[1])
+            return template.format(rank=rank, node=cluster.node_of_rank(rank), detail=match[2])
+    return None
+
+
+def describe_failure(cluster: Cluster, output: str) -> str:
+    """What a failed training launch's output says: which rank on which node, and the last step."""
+    parts = [part] if (part := _which_rank(cluster, output)) else []
     steps = _LAST_STEP.findall(output)
     parts.append(f"last step reported: {steps[-1][0]} of {steps[-1][1]}" if steps
                  else "no step was reported")
     return "; ".join(parts)
+
+
+# Lines of a failed launch's output that say why (the rest is mpirun's and mlx.launch's boilerplate).
+_CAUSE = re.compile(r"rank \d+: error|^ssh: |Node with rank \d+ exited|Error: |ORTE was unable|"
+                    r"exited on signal|Process name:|Exit code:")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def failure_report(cluster: Cluster, backend: str, code: int | None, output: str,
+                   inventory: str) -> str:
+    """What to tell the user when a program's launch failed: how, the lines that say why, which
+    node each rank was, and what to run next."""
+    what = "timed out (raise --timeout if it was still making progress)" if code is None else (
+        f"exited {code}" if code else "exited 0 but rank 0 printed no result")
+    lines = [_ANSI.sub("", line).strip() for line in output.splitlines()]
+    causes = list(dict.fromkeys(line for line in lines if _CAUSE.search(line)))[-8:]
+    shown = "\n".join(f"  {line}" for line in causes) or "  (see the output above)"
+    ranks = ", ".join(f"{rank} {name}" for rank, name in enumerate(cluster.rank_nodes()))
+    return (f"the {backend} launch {what}:\n{shown}\n" + (f"ranks: {ranks}\n" if ranks else "")
+            + f"check the cluster with: invoke doctor -i {inventory}")

@@ -1,63 +1,28 @@
-"""The controller's record of training runs (runs/<id>/) and the relay of a run's output.
+"""The controller's record of training runs: runs/<id>/ and what is in it.
 
 `invoke train` writes runs/<id>/run.json when a launch starts and updates it when it ends; the
 run's files come back next to it (adapters, metrics, checkpoints/). `--resume` picks a run from
-them. The relay passes a launch's output through as it comes and notices a rank that stalled.
+them, `invoke generate` the latest finished one.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
-import select
-import subprocess
-import sys
-import time
-from collections.abc import Callable
+import shutil
 from pathlib import Path
+from typing import Any
+
+from mlxcluster.errors import UserError
+from mlxcluster.paths import REPO, RUNS
 
 
-class RunError(ValueError):
-    """No run to resume, or one that cannot be; the message says what to do instead."""
+class RunError(UserError):
+    """No run to resume or to read, or one that cannot be; the message says what to do instead."""
 
 
-# What a rank's watchdog prints when it stops itself (training/watchdog.py).
-STALL_MESSAGE = b"error: no progress for"
-# How long the launcher gets to exit after a rank stalled. mpirun waits for ever for the node
-# daemon of a node that dropped off the link, so then the run is stopped from here.
-STALL_GRACE = 10.0
-
-
-def relay(cmd: list[str], cwd: Path, keep: int = 1 << 16,
-          on_stall: Callable[[], None] | None = None) -> tuple[int, str]:
-    """Run cmd with its output passed through as it comes (progress bars included); return the
-    exit status and the output's tail, from which a failure is described.
-
-    on_stall is called once if a rank reported a stall and cmd is still running STALL_GRACE
-    seconds later."""
-    with subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
-        return _pass_through(proc, keep, on_stall)
-
-
-def _pass_through(proc: subprocess.Popen, keep: int,
-                  on_stall: Callable[[], None] | None) -> tuple[int, str]:
-    assert proc.stdout is not None
-    tail = b""
-    out = sys.stdout.buffer
-    stalled_at: float | None = None
-    while True:
-        ready, _, _ = select.select([proc.stdout], [], [], 1.0)
-        if ready:
-            if not (chunk := proc.stdout.read1(4096)):
-                break
-            out.write(chunk)
-            out.flush()
-            if stalled_at is None and STALL_MESSAGE in tail[-len(STALL_MESSAGE):] + chunk:
-                stalled_at = time.monotonic()
-            tail = (tail + chunk)[-keep:]
-        if stalled_at is not None and on_stall and time.monotonic() - stalled_at > STALL_GRACE:
-            on_stall()
-            on_stall = None
-    return proc.wait(), tail.decode(errors="replace")
+def new_id() -> str:
+    return dt.datetime.now().strftime("%Y%m%d-%H%M%S")
 
 
 def write_info(results: Path, info: dict) -> None:
@@ -66,6 +31,10 @@ def write_info(results: Path, info: dict) -> None:
     partial = results / ".run.json.partial"
     partial.write_text(json.dumps(info, indent=2) + "\n")
     partial.replace(results / "run.json")
+
+
+def read_info(results: Path) -> dict[str, Any]:
+    return json.loads((results / "run.json").read_text())
 
 
 def latest_checkpoint(results: Path) -> int | None:
@@ -100,4 +69,43 @@ def resumable(runs: Path, run_id: str | None) -> tuple[str, dict]:
     if not (run_dir / "config.yaml").exists():
         raise RunError(f"run {run_dir.name} stopped before it started training (it has no "
                        "config.yaml): start a new run with invoke train")
-    return run_dir.name, json.loads((run_dir / "run.json").read_text())
+    return run_dir.name, read_info(run_dir)
+
+
+def resume_config(run_id: str) -> Path:
+    """A copy of the run's config.yaml, which rank 0 wrote and which came back with the run's
+    files, to go to every node like a --config: every rank reads the settings the run started
+    with."""
+    config = REPO / "build" / "resume" / f"{run_id}.yaml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(RUNS / run_id / "config.yaml", config)
+    return config
+
+
+def latest_finished(runs: Path = RUNS) -> Path:
+    run_dirs = sorted(p for p in runs.glob("2*") if (p / "summary.json").exists())
+    if not run_dirs:
+        raise RunError("no finished run in runs/: run invoke train first, or pass --adapter")
+    return run_dirs[-1]
+
+
+def base_model(run: Path) -> str:
+    """The model a run was trained from, as its run.json records it."""
+    if not (run / "run.json").exists():
+        raise RunError(f"{run} has no run.json: pass --model <base model directory>")
+    return read_info(run)["model"]
+
+
+def summary_table(results: Path) -> Any:
+    """A rich table of a finished run: its summary numbers and where its files are."""
+    from rich.table import Table
+
+    table = Table(title=f"run {results.name}", show_header=False)
+    summary_file = results / "summary.json"
+    summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
+    for key, value in summary.items():
+        if not isinstance(value, (dict, list)):
+            table.add_row(key, str(value))
+    for name in ("adapters.safetensors", "metrics.jsonl", "loss.png", "config.yaml"):
+        table.add_row(name, str(results / name) if (results / name).exists() else "missing")
+    return table

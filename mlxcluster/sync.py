@@ -4,77 +4,131 @@ Code and data go from the controller to every node over the management link. The
 goes to the launcher once and fans out from there over the Thunderbolt link, so the
 internet (or the controller's uplink) is used once, not once per node. Results come
 back from the launcher, where rank 0 wrote them.
+
+Each step is a (label, command) pair: plain data that `--dry-run` prints and `run_steps` runs.
 """
 
 from __future__ import annotations
 
 import shlex
+import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
-from mlxcluster.launch import Cluster, Node, remote_path, rsync_ssh, ssh_command
+from mlxcluster import remote
+from mlxcluster.cluster import Cluster, Node
+from mlxcluster.errors import UserError
+from mlxcluster.paths import REPO, TRAINING_CODE
 
 # What a node needs of the repo to run the training entry point.
 CODE_EXCLUDES = ("__pycache__", "*.pyc", "data/make_pirate.py")
 
+Step = tuple[str, list[str]]
 
-def node_paths(node: Node) -> dict[str, str]:
-    """Where things live on a node (under its cluster_root, the same on every node)."""
-    root = node.cluster_root or ""
-    return {"work": f"{root}/work", "models": f"{root}/models", "runs": f"{root}/runs"}
+
+class SyncError(UserError):
+    """A copy to or from a node failed; the message names the step and rsync's error."""
 
 
 def push(src: Path, node: Node, dest: str, *, delete: bool = True,
          excludes: tuple[str, ...] = ()) -> list[str]:
-    """rsync ``src``'s contents to ``dest`` on ``node`` (only what changed is sent)."""
+    """rsync `src`'s contents to `dest` on `node` (only what changed is sent)."""
     # --rsync-path creates the destination first (rsync < 3.2.3, as on macOS, has no --mkpath).
     cmd = ["rsync", "-a", "--itemize-changes", f"--rsync-path=mkdir -p {shlex.quote(dest)} && rsync"]
     if delete:
         cmd.append("--delete")
     for pattern in excludes:
         cmd += ["--exclude", pattern]
-    if (ssh := rsync_ssh(node)) is not None:
+    if (ssh := remote.rsync_ssh(node)) is not None:
         cmd += ["-e", ssh]
-    return [*cmd, f"{src}/", remote_path(node, f"{dest}/")]
+    return [*cmd, f"{src}/", remote.remote_path(node, f"{dest}/")]
 
 
-def push_code(cluster: Cluster, training_dir: Path) -> list[tuple[str, list[str]]]:
-    """(label, rsync) that bring the training code to every node that trains."""
-    work = node_paths(cluster.head)["work"]
+def push_code(cluster: Cluster, training_dir: Path = TRAINING_CODE) -> list[Step]:
+    """The steps that bring the training code to every node that trains."""
     return [(f"sync code to {node.name}",
-             push(training_dir, node, f"{work}/training", excludes=CODE_EXCLUDES))
+             push(training_dir, node, f"{node.work_dir}/training", excludes=CODE_EXCLUDES))
             for node in cluster.training_nodes]
 
 
 def pull(node: Node, src: str, dest: Path) -> list[str]:
-    """rsync a directory on ``node`` back to the controller."""
+    """rsync a directory on `node` back to the controller."""
     cmd = ["rsync", "-a"]
-    if (ssh := rsync_ssh(node)) is not None:
+    if (ssh := remote.rsync_ssh(node)) is not None:
         cmd += ["-e", ssh]
-    return [*cmd, remote_path(node, f"{src}/"), f"{dest}/"]
+    return [*cmd, remote.remote_path(node, f"{src}/"), f"{dest}/"]
 
 
-def fan_out(cluster: Cluster, path: str) -> list[tuple[str, list[str]]]:
-    """(node, command) that copy ``path`` from the launcher to every other node that trains, over
-    the cluster link.
+def fan_out(cluster: Cluster, path: str) -> list[Step]:
+    """The steps that copy `path` from the launcher to every other node that trains, over the
+    cluster link.
 
     Run on the launcher through ssh: it reaches the others by their Thunderbolt IP with the
     mesh keys that ssh_mesh installed (no prompt: BatchMode).
     """
     head = cluster.head
-    commands = []
+    steps = []
     for node in cluster.training_nodes:
         if node.name == head.name or not node.reachable:
             continue
-        rsync = shlex.join(["rsync", "-a", "--delete", "-e", "ssh -o BatchMode=yes",
+        rsync = shlex.join(["rsync", "-a", "--delete", "-e", shlex.join(["ssh", *remote.BATCH_MODE]),
                             f"--rsync-path=mkdir -p {shlex.quote(path)} && rsync",
                             f"{path}/", f"{node.thunderbolt_ip}:{path}/"])
-        commands.append((node.name, ssh_command(head, rsync)))
-    return commands
+        steps.append((f"copy the model from {head.name} to {node.name} over the cluster link",
+                      remote.ssh_command(head, rsync)))
+    return steps
 
 
-def verify_model(cluster: Cluster, node: Node, model_dir: str) -> list[str]:
-    """Check the model on ``node`` against its manifest (sha256 of every file)."""
-    paths = node_paths(node)
-    remote = (f". {shlex.quote(str(node.env_file))} && cd {shlex.quote(paths['work'])} && "
-              f"python -m training.model verify {shlex.quote(model_dir)}")
-    return ssh_command(node, remote)
+def verify_model(node: Node, model_dir: str) -> list[str]:
+    """Check the model on `node` against its manifest (sha256 of every file)."""
+    check = ["python", "-m", "training.model", "verify", model_dir]
+    return remote.ssh_command(node, remote.shell_line(node, check, workdir=node.work_dir))
+
+
+@dataclass(frozen=True)
+class Placed:
+    """Where a run's inputs are on every node (the same paths everywhere)."""
+
+    data: str
+    model: str
+    config: str | None
+
+
+def placement(cluster: Cluster, data: Path, model: Path, config: Path | None = None) -> Placed:
+    head = cluster.head
+    return Placed(data=f"{head.work_dir}/data/{data.name}", model=f"{head.models_dir}/{model.name}",
+                  config=f"{head.work_dir}/config/{config.name}" if config else None)
+
+
+def training_inputs(cluster: Cluster, data: Path, model: Path,
+                    config: Path | None) -> tuple[list[Step], Placed]:
+    """The steps that put code, data, config and model on every node that trains, and where."""
+    head = cluster.head
+    placed = placement(cluster, data, model, config)
+    steps: list[Step] = []
+    for node, code in zip(cluster.training_nodes, push_code(cluster), strict=True):
+        steps.append(code)
+        steps.append((f"sync data to {node.name}", push(data, node, placed.data)))
+        if config:
+            steps.append((f"sync config to {node.name}",
+                          push(config.parent, node, f"{head.work_dir}/config", delete=False)))
+    steps.append((f"copy the model to {head.name}", push(model, head, placed.model)))
+    steps += fan_out(cluster, placed.model)
+    steps += [(f"verify the model's checksums on {node.name}", verify_model(node, placed.model))
+              for node in cluster.training_nodes]
+    return steps, placed
+
+
+def run_steps(steps: list[Step], *, dry_run: bool = False) -> None:
+    """Run each step, announcing it; with dry_run print the commands instead."""
+    for label, cmd in steps:
+        if dry_run:
+            print(f"# {label}\n{shlex.join(cmd)}", flush=True)
+            continue
+        print(f"==> {label}", flush=True)
+        if cmd[0] == "rsync" and ":" not in cmd[-1]:
+            # To a local node: rsync's --rsync-path (which makes the destination) is not used.
+            Path(cmd[-1]).mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SyncError(f"{label} failed ({proc.returncode}):\n{proc.stderr.strip()[-3000:]}")

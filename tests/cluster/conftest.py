@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mlxcluster import commands, lab
+from mlxcluster import ansible, lab, local
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -50,14 +50,13 @@ class LabCluster:
     facts_dir: Path
 
     def env(self) -> dict[str, str]:
-        return {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
-                "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(self.facts_dir),
-                "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json"}
+        return local.tool_env({**lab.ansible_env(self.facts_dir),
+                               "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json"})
 
     def playbook(self, *args: str, inventory: Path | None = None,
                  check: bool = False) -> PlaybookRun:
         """Run site.yml (or args) and digest its JSON output."""
-        cmd = commands.provision(inventory or self.inventory, check=check)
+        cmd = ansible.provision(inventory or self.inventory, check=check)
         cmd += list(args)
         proc = subprocess.run(cmd, cwd=REPO, env=self.env(), capture_output=True, text=True)
         run = PlaybookRun(proc.returncode, proc.stdout, proc.stderr)
@@ -86,14 +85,11 @@ class LabCluster:
 @contextmanager
 def fresh_lab(tmp_path_factory: pytest.TempPathFactory, nodes: int) -> Iterator[LabCluster]:
     """A lab cluster of `nodes` fresh hosts with its own fact cache, torn down afterwards."""
-    lab.prepare_offline_cache()
-    lab.down(TEST_LAB_ID)
-    inventory = lab.up(nodes, TEST_LAB_ID)
     facts = tmp_path_factory.mktemp("facts")
     try:
-        yield LabCluster(lab.Lab(TEST_LAB_ID), inventory, facts)
+        with lab.fresh(nodes, TEST_LAB_ID) as inventory:
+            yield LabCluster(lab.Lab(TEST_LAB_ID), inventory, facts)
     finally:
-        lab.down(TEST_LAB_ID)
         shutil.rmtree(facts, ignore_errors=True)
 
 

@@ -11,8 +11,8 @@ import sys
 from rich.console import Console
 
 from mlxcluster import doctor
+from mlxcluster.cluster import Cluster
 from mlxcluster.doctor import Check
-from mlxcluster.launch import Cluster
 
 HOSTFILE = "10.0.0.1 slots=2\n10.0.0.2 slots=1\n"
 

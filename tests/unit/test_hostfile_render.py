@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from mlxcluster import commands
+from mlxcluster import ansible
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -27,7 +27,7 @@ def write_inventory(tmp_path: Path, hosts: dict, launcher: str) -> Path:
 
 def render(tmp_path: Path, inventory: Path, env: dict) -> subprocess.CompletedProcess:
     out = tmp_path / "out"
-    return subprocess.run(commands.render_hostfiles(inventory, out), cwd=REPO, env=env,
+    return subprocess.run(ansible.render_hostfiles(inventory, out), cwd=REPO, env=env,
                           capture_output=True, text=True)
 
 

@@ -1,21 +1,17 @@
-"""The launch command lines, built from the layout provisioning records."""
+"""The launch command lines (mlxcluster/launch.py), built from the layout provisioning records
+(mlxcluster/cluster.py), and how the controller reaches a node (mlxcluster/remote.py)."""
 
 from __future__ import annotations
 
+import shlex
+
 import pytest
 
-from mlxcluster.launch import (
-    Cluster,
-    LaunchError,
-    MpiOptions,
-    check_ready,
-    describe_failure,
-    mpirun_command,
-    on_launcher,
-    rank_nodes,
-    rsync_ssh,
-    ssh_command,
-)
+from mlxcluster import launch
+from mlxcluster.cluster import Cluster, NotReady, check_ready
+from mlxcluster.errors import UserError
+from mlxcluster.launch import Job, describe_failure, mpirun_command
+from mlxcluster.remote import rsync_ssh, shell_line, ssh_command
 
 
 def layout(os_family: str = "Debian", **overrides) -> Cluster:
@@ -36,18 +32,19 @@ def layout(os_family: str = "Debian", **overrides) -> Cluster:
 
 
 def test_mpirun_uses_the_hostfile_all_slots_and_pins_the_cluster_link():
-    cmd = mpirun_command(layout(), ["python", "-m", "training.finetune"],
-                         MpiOptions(btl_tcp_links=2, env={"OPENBLAS_NUM_THREADS": "1"}))
+    cmd = mpirun_command(layout(), Job(["python", "-m", "training.finetune"], btl_tcp_links=2),
+                         {"OPENBLAS_NUM_THREADS": "1"})
     assert cmd == [
         "/usr/bin/mpirun", "--hostfile", "/opt/mlx-cluster/hostfile", "-np", "3", "--bind-to", "none",
         "--mca", "btl_tcp_if_include", "bridge0", "--mca", "oob_tcp_if_include", "bridge0",
         "--mca", "btl_tcp_links", "2", "--mca", "plm_rsh_args", "-o BatchMode=yes",
         "-x", "PATH", "-x", "VIRTUAL_ENV", "-x", "LD_PRELOAD",
-        "-x", "OPENBLAS_NUM_THREADS=1", "python", "-m", "training.finetune"]
+        "-x", "OPENBLAS_NUM_THREADS=1", "--wdir", "/opt/mlx-cluster/work",
+        "/opt/mlx-cluster/venv/bin/python", "-m", "training.finetune"]
 
 
 def test_mpirun_on_macs_points_orted_at_homebrew_and_exports_dyld_path():
-    cmd = mpirun_command(layout("Darwin"), ["python"], MpiOptions(interface="en5"))
+    cmd = mpirun_command(layout("Darwin"), Job(["python"], interface="en5"), {})
     assert cmd[0] == "/opt/homebrew/bin/mpirun"
     assert cmd[cmd.index("--prefix") + 1] == "/opt/homebrew"
     assert cmd[cmd.index("btl_tcp_if_include") + 1] == "en5"
@@ -55,13 +52,13 @@ def test_mpirun_on_macs_points_orted_at_homebrew_and_exports_dyld_path():
 
 
 def test_root_needs_an_explicit_allowance():
-    assert "--allow-run-as-root" in mpirun_command(layout(), ["x"],
-                                                  MpiOptions(allow_run_as_root=True))
-    assert "--allow-run-as-root" not in mpirun_command(layout(), ["x"], MpiOptions())
+    as_root = layout(node1={"connection": {"type": "ssh", "host": "node1.mgmt", "user": "root"}})
+    assert "--allow-run-as-root" in mpirun_command(as_root, Job(["x"]), {})
+    assert "--allow-run-as-root" not in mpirun_command(layout(), Job(["x"]), {})
 
 
 def test_the_launcher_line_sources_the_env_file_first():
-    line = on_launcher(layout(), ["mpirun", "-np", "3", "hostname"], workdir="/opt/w d")
+    line = shell_line(layout().head, ["mpirun", "-np", "3", "hostname"], workdir="/opt/w d")
     assert line == ". /opt/mlx-cluster/env.sh && cd '/opt/w d' && mpirun -np 3 hostname"
 
 
@@ -79,14 +76,14 @@ def test_ssh_reaches_the_launcher_like_ansible_does():
 def test_check_ready_names_what_to_fix():
     cluster = layout()
     check_ready(cluster, "# header\n10.0.0.1 slots=2\n10.0.0.2 slots=1\n")
-    with pytest.raises(LaunchError, match="does not match the inventory"):
+    with pytest.raises(NotReady, match="does not match the inventory"):
         check_ready(cluster, "10.0.0.1 slots=2\n")
-    with pytest.raises(LaunchError, match="node2 could not be reached"):
+    with pytest.raises(NotReady, match="node2 could not be reached"):
         check_ready(layout(node2={"reachable": False}), "10.0.0.1 slots=2\n10.0.0.2 slots=1\n")
 
 
 def test_ranks_fill_the_hostfile_in_order():
-    assert rank_nodes(layout()) == ["node1", "node1", "node2"]
+    assert layout().rank_nodes() == ["node1", "node1", "node2"]
 
 
 KILLED = """iter  5/100  loss 2.1
@@ -121,3 +118,77 @@ RING = "iter 20/60  loss 4.2\n\x1b[33m[WARN] Node with rank 1 exited with code 2
 ])
 def test_a_failed_launch_is_described_by_rank_node_and_last_step(output, description):
     assert describe_failure(layout(), output) == description
+
+
+# --- the one builder --------------------------------------------------------------------------------
+
+
+def words_after(cmd: list[str], marker: str) -> list[str]:
+    line = cmd[-1]
+    return shlex.split(line[line.index(marker):])
+
+
+def test_every_backend_gives_the_ranks_the_same_environment():
+    cluster = layout()
+    job = Job(["python", "-m", "training.finetune"], threads=2)
+    expected = {"HF_HUB_OFFLINE": "1", "TTY_COMPATIBLE": "0", "OPENBLAS_NUM_THREADS": "2"}
+    assert launch.rank_env(cluster, job) == expected
+    mpi = words_after(launch.command(cluster, job), "mpirun")
+    assert {mpi[i + 1] for i, w in enumerate(mpi) if w == "-x" and "=" in mpi[i + 1]} == \
+        {f"{k}={v}" for k, v in expected.items()}
+    ring = words_after(launch.command(cluster, Job(job.program, backend="ring", threads=2)), "/opt")
+    assert {ring[i + 1] for i, w in enumerate(ring) if w == "--env"} == \
+        {f"{k}={v}" for k, v in expected.items()}
+    direct = words_after(launch.command(cluster, Job(job.program, backend="direct", threads=2)), "env ")
+    assert direct[1:4] == sorted(f"{k}={v}" for k, v in expected.items())
+    # At a terminal rank 0 may draw its bar; several slots on a node share its cores.
+    assert launch.rank_env(cluster, Job(["x"], interactive=True)) == {
+        "HF_HUB_OFFLINE": "1", "OPENBLAS_NUM_THREADS": "1"}
+
+
+def test_one_rank_on_the_launcher_runs_without_a_launcher():
+    one = layout().first_nodes(1)
+    assert one.world_size == 2  # node1's two slots
+    assert launch.backend_for(one, None) == "mpi"
+    alone = layout(node1={"slots": 1}).first_nodes(1)
+    assert (launch.backend_for(alone, None), launch.backend_for(alone, "ring")) == ("direct", "ring")
+    with pytest.raises(UserError, match="--backend must be mpi or ring, not 'nccl'"):
+        launch.backend_for(alone, "nccl")
+
+
+def test_sub_layouts_keep_the_recorded_nodes_and_change_only_slots():
+    cluster = layout()
+    assert cluster.first_nodes(1).hostfile_lines() == ["10.0.0.1 slots=2"]
+    assert cluster.one_rank_per_node().hostfile_lines() == ["10.0.0.1 slots=1", "10.0.0.2 slots=1"]
+    alone = cluster.only(cluster.nodes[1])
+    assert (alone.launcher, alone.world_size, alone.head.connection["host"]) == ("node2", 1, "node2.mgmt")
+
+
+def test_a_layouts_ring_hosts_file_has_one_entry_per_rank_like_the_rendered_one():
+    assert launch.ring_hosts(layout(), ["A=1"]) == {
+        "backend": "ring", "envs": ["A=1"],
+        "hosts": [{"ssh": "10.0.0.1", "ips": ["10.0.0.1"]}, {"ssh": "10.0.0.1", "ips": ["10.0.0.1"]},
+                  {"ssh": "10.0.0.2", "ips": ["10.0.0.2"]}]}
+
+
+def test_the_stop_command_targets_only_this_runs_processes():
+    cmd = launch.stop_command(layout(), "--tag links-20260101-000000")
+    assert cmd[-1] == "pkill -TERM -f '(mpirun|mlx\\.launch|python) .*--tag links-20260101-000000'"
+    assert launch.stop_command(layout(), "runs/20260101-000000")[-1].endswith(".*runs/20260101-000000'")
+    with pytest.raises(ValueError, match="marker"):
+        launch.stop_command(layout(), "x'; reboot")
+
+
+def test_a_failed_launch_report_says_how_why_which_node_and_what_next():
+    tail = ("Traceback (most recent call last):\n  noise\n\x1b[33m[WARN] Node with rank 2 exited "
+            "with code 255 \x1b[0m\nrank 1: error: MLX joined 1 ranks\n")
+    cluster = layout(node1={"slots": 1}, spare={"slots": 1})
+    message = launch.failure_report(cluster, "ring", 0, tail, "inv.yml")
+    assert message.splitlines() == [
+        "the ring launch exited 0 but rank 0 printed no result:",
+        "  [WARN] Node with rank 2 exited with code 255",
+        "  rank 1: error: MLX joined 1 ranks",
+        "ranks: 0 node1, 1 node2, 2 spare",
+        "check the cluster with: invoke doctor -i inv.yml"]
+    assert "timed out (raise --timeout if it was still making progress):\n  (see the output above)" \
+        in launch.failure_report(cluster, "mpi", None, "", "i")

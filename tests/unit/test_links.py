@@ -1,5 +1,5 @@
-"""invoke bench.links: launch lines, flags, rows, table and PNG (mlxcluster/links.py), and the
-benchmark program itself (training/link_bench.py) on two local ranks."""
+"""invoke bench.links: launch lines, flags, rows, table and PNG (mlxcluster/bench/links.py), and
+the benchmark program itself (training/link_bench.py) on two local ranks."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from mlxcluster import links, sync
-from mlxcluster.launch import Cluster
+from mlxcluster import launch, sync
+from mlxcluster.bench import links
+from mlxcluster.cluster import Cluster
 from training import link_bench
 
 REPO = Path(__file__).resolve().parents[2]
@@ -87,7 +88,7 @@ def test_each_node_gets_one_rank_whatever_its_slots():
 
 def test_mpi_launch_puts_one_rank_on_each_node_over_the_cluster_link():
     layout = links.one_rank_per_node(cluster())
-    cmd = links.launch_command(layout, "mpi", max_bytes=4 << 20, tag="links-1", root=True)
+    cmd = launch.command(layout, links.job(layout, "mpi", max_bytes=4 << 20, tag="links-1"))
     assert cmd[:3] == ["ssh", "-o", "BatchMode=yes"] and cmd[-2] == "root@node1.mgmt"
     line = cmd[-1]
     assert line.startswith(". /opt/mlx-cluster/env.sh && cd /opt/mlx-cluster/work && ")
@@ -100,44 +101,29 @@ def test_mpi_launch_puts_one_rank_on_each_node_over_the_cluster_link():
 
 def test_ring_launch_writes_a_hosts_file_with_one_entry_per_node():
     layout = links.one_rank_per_node(cluster())
-    line = links.launch_command(layout, "ring", max_bytes=256 << 20, tag="t", root=True,
-                                envs=["A=1"])[-1]
+    line = launch.command(layout, links.job(layout, "ring", max_bytes=256 << 20, tag="t",
+                                            envs=["A=1"]))[-1]
     words = shlex.split(line)
     hosts = json.loads(words[words.index("printf") + 2])
     assert hosts == {"backend": "ring", "envs": ["A=1"],
                      "hosts": [{"ssh": "10.0.0.1", "ips": ["10.0.0.1"]},
                                {"ssh": "10.0.0.2", "ips": ["10.0.0.2"]}]}
     assert words[words.index(">") + 1] == "/opt/mlx-cluster/work/link-bench-hosts.json"
-    launch = words[words.index("/opt/mlx-cluster/venv/bin/mlx.launch"):]
-    assert launch[1:9] == ["--backend", "ring", "--hostfile",
-                           "/opt/mlx-cluster/work/link-bench-hosts.json", "--cwd",
-                           "/opt/mlx-cluster/work", "--python", "bash"]
-    assert launch[9:12] == ["--", "-c", '. /opt/mlx-cluster/env.sh && exec python "$@"']
+    mlx_launch = words[words.index("/opt/mlx-cluster/venv/bin/mlx.launch"):]
+    assert mlx_launch[1:9] == ["--backend", "ring", "--hostfile",
+                               "/opt/mlx-cluster/work/link-bench-hosts.json", "--cwd",
+                               "/opt/mlx-cluster/work", "--python", "bash"]
+    rest = mlx_launch[mlx_launch.index("--"):]  # after the ranks' --env settings
+    assert rest[:3] == ["--", "-c", '. /opt/mlx-cluster/env.sh && exec python "$@"']
     # The pair message is capped at 64 MB even when the all-reduce goes further.
-    assert launch[12:19] == ["python", "-m", "training.link_bench", "--max-size", str(256 << 20),
-                             "--pair-bytes", str(64 << 20)]
+    assert rest[3:10] == ["python", "-m", "training.link_bench", "--max-size", str(256 << 20),
+                          "--pair-bytes", str(64 << 20)]
 
 
-def test_the_stop_command_targets_only_this_runs_processes():
-    cmd = links.stop_command(links.one_rank_per_node(cluster()), "links-20260101-000000")
-    assert cmd[-1] == "pkill -TERM -f '(mpirun|mlx\\.launch|python) .*--tag links-20260101-000000'"
-
-
-def test_the_result_is_found_among_other_output_and_a_failure_says_what_to_do():
+def test_the_result_is_found_among_other_output():
     out = f"[WARN] something\n{links.MARKER}{json.dumps({'backend': 'mpi'})}\nbye\n"
     assert links.extract(out) == {"backend": "mpi"}
     assert links.extract("rank 1: error: no\n") is None
-    tail = ("Traceback (most recent call last):\n  noise\n\x1b[33m[WARN] Node with rank 2 exited "
-            "with code 255 \x1b[0m\nrank 1: error: MLX joined 1 ranks\n")
-    message = links.launch_failure("ring", 0, tail, "inv.yml", ["node1", "node2", "node3"])
-    assert message.splitlines() == [
-        "the ring launch exited 0 but rank 0 printed no result:",
-        "  [WARN] Node with rank 2 exited with code 255",
-        "  rank 1: error: MLX joined 1 ranks",
-        "ranks: 0 node1, 1 node2, 2 node3",
-        "check the cluster with: invoke doctor -i inv.yml"]
-    assert "timed out (raise --timeout if it was still making progress):\n  (see the output above)" \
-        in links.launch_failure("mpi", None, "", "i")
 
 
 def test_the_program_and_the_controller_agree_on_the_marker():

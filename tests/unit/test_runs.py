@@ -1,4 +1,5 @@
-"""The controller's run records: which run --resume continues, and the relay of a launch."""
+"""The controller's run records (mlxcluster/runs.py): which run --resume continues; and the relay
+of a launch's output (mlxcluster/relay.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mlxcluster import runs
+from mlxcluster import relay, runs
 
 
 def test_resume_picks_the_latest_unfinished_run_and_refuses_a_finished_one(tmp_path: Path):
@@ -41,7 +42,7 @@ def test_the_resume_hint_names_the_latest_whole_checkpoint(tmp_path: Path):
 
 
 def test_the_relay_stops_a_launch_that_outlives_a_stalled_rank(tmp_path: Path, monkeypatch):
-    monkeypatch.setattr(runs, "STALL_GRACE", 0.5)
+    monkeypatch.setattr(relay, "STALL_GRACE", 0.5)
     script = ("import sys, time\n"
               "print('rank 1: error: no progress for 30 s (allowed 30 s)', flush=True)\n"
               "time.sleep(30)\n")
@@ -54,7 +55,24 @@ def test_the_relay_stops_a_launch_that_outlives_a_stalled_rank(tmp_path: Path, m
 
         subprocess.run(["pkill", "-f", "no progress for 30 s"], check=False)
 
-    code, output = runs.relay(launch, tmp_path, on_stall=stop)
+    relayed = relay.relay(launch, on_stall=stop)
     assert stopped == [True]
-    assert code != 0 and "rank 1: error: no progress for 30 s" in output
-    assert json.dumps(output)  # the tail is text
+    assert relayed.code != 0 and "rank 1: error: no progress for 30 s" in relayed.output
+    assert json.dumps(relayed.output)  # the tail is text
+
+
+def test_the_relay_holds_back_marked_lines_stamps_lines_and_gives_up_at_a_timeout(capfd):
+    script = ("import time\n"
+              "print('one', flush=True)\n"
+              "print('RESULT {\"a\": 1}', flush=True)\n"
+              "time.sleep(0.3)\n"
+              "print('two', flush=True)\n")
+    relayed = relay.relay([sys.executable, "-c", script], hide="RESULT ", stamp=True)
+    assert relayed.code == 0
+    assert relayed.held_back == ['RESULT {"a": 1}']
+    assert [line for _, line in relayed.stamped] == ["one", 'RESULT {"a": 1}', "two"]
+    assert relayed.stamped[2][0] - relayed.stamped[0][0] >= 0.25
+    assert capfd.readouterr().out == "one\ntwo\n"  # shown as it came, but for the held-back line
+    slow = relay.relay([sys.executable, "-c", "import time; print('x', flush=True); time.sleep(30)"],
+                       timeout=1.5)
+    assert slow.code is None and slow.output == "x\n"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from mlxcluster import scaling
+from mlxcluster.bench import scaling
 
 
 def summary(tokens_per_second: float, training: float) -> dict:

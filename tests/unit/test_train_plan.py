@@ -1,8 +1,8 @@
-"""`invoke train --dry-run`: the sync steps and the launch line, from a recorded layout."""
+"""`invoke train`'s plan (mlxcluster/train.py): the sync steps and the launch line, from a recorded
+layout; and `invoke train --dry-run`, which prints them."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shlex
@@ -10,13 +10,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mlxcluster import commands
-from mlxcluster.launch import Cluster
+from mlxcluster import everywhere, paths
+from mlxcluster import train as training
+from mlxcluster.cluster import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("project_tasks", REPO / "tasks.py")
-tasks = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(tasks)
+
+
+def plan(cluster: Cluster, *, data: str = "/d/p", model: str = "/m/t", config: str | None = None,
+         overrides: tuple[str, ...] = (), backend: str | None = None, threads: int | None = None,
+         resume: bool = False) -> training.Plan:
+    request = training.Request(Path(data), Path(model), Path(config) if config else None,
+                               overrides, backend, threads=threads, interactive=False)
+    return training.plan(cluster, request, run_id="r1", resume=resume)
 
 
 def lab_layout() -> dict:
@@ -32,16 +38,15 @@ def lab_layout() -> dict:
 
 
 def test_plan_syncs_code_and_data_everywhere_and_fans_the_model_out_over_the_link():
-    steps, launch_cmd = tasks.train_plan(
-        Cluster.from_json(lab_layout()), run_id="r1", data=Path("/d/pirate"),
-        model=Path("/m/tiny"), config=None, overrides=["--iters", "5"], backend="mpi",
-        interface=None, btl_tcp_links=None)
+    the_plan = plan(Cluster.from_json(lab_layout()), data="/d/pirate", model="/m/tiny",
+                    overrides=("--iters", "5"))
+    steps, launch_cmd = the_plan.steps, the_plan.launch
     labels = [label for label, _ in steps]
     assert labels == ["sync code to node1", "sync data to node1", "sync code to node2",
                       "sync data to node2", "copy the model to node1",
                       "copy the model from node1 to node2 over the cluster link",
                       "verify the model's checksums on node1", "verify the model's checksums on node2"]
-    fan = commands.join(steps[5][1])
+    fan = shlex.join(steps[5][1])
     assert "root@10.77.5.11" in fan and "10.78.5.12:/opt/mlx-cluster/models/tiny/" in fan
     line = launch_cmd[-1]
     assert launch_cmd[:3] == ["ssh", "-o", "BatchMode=yes"]
@@ -55,11 +60,7 @@ def test_plan_syncs_code_and_data_everywhere_and_fans_the_model_out_over_the_lin
 
 
 def test_ring_backend_uses_mlx_launch_and_the_rendered_hosts_json():
-    _, launch_cmd = tasks.train_plan(
-        Cluster.from_json(lab_layout()), run_id="r1", data=Path("/d/p"), model=Path("/m/t"),
-        config=Path("/c/my.yaml"), overrides=[], backend="ring", interface=None,
-        btl_tcp_links=None)
-    line = launch_cmd[-1]
+    line = plan(Cluster.from_json(lab_layout()), config="/c/my.yaml", backend="ring").launch[-1]
     assert "/opt/mlx-cluster/venv/bin/mlx.launch --backend ring --hostfile " \
            "/opt/mlx-cluster/hosts.json" in line
     assert "--config /opt/mlx-cluster/work/config/my.yaml" in line
@@ -78,9 +79,7 @@ def test_ring_ranks_run_the_python_their_env_file_selects(tmp_path):
     env_file.write_text(f'export PATH="{tmp_path}/bin:$PATH"\nexport LD_PRELOAD=libopenblas.so.0\n')
     layout = lab_layout()
     layout["nodes"][0]["env_file"] = str(env_file)
-    _, launch_cmd = tasks.train_plan(
-        Cluster.from_json(layout), run_id="r1", data=Path("/d/p"), model=Path("/m/t"),
-        config=None, overrides=[], backend="ring", interface=None, btl_tcp_links=None)
+    launch_cmd = plan(Cluster.from_json(layout), backend="ring").launch
     mlx_launch = shlex.split(launch_cmd[-1].split(" && ", 1)[1])
     rank_args = mlx_launch[mlx_launch.index("--") + 1:]
     out = subprocess.run(["bash", *rank_args], capture_output=True, text=True, check=True).stdout
@@ -92,7 +91,7 @@ def test_dry_run_prints_the_commands_and_touches_no_host(tmp_path):
     inventory = tmp_path / f"dry-run-{os.getpid()}" / "inventory" / "hosts.yml"
     inventory.parent.mkdir(parents=True)
     inventory.write_text("cluster: {}\n")
-    build = commands.build_dir_for(inventory)
+    build = paths.build_dir_for(inventory)
     build.mkdir(parents=True, exist_ok=True)
     try:
         (build / "cluster.json").write_text(json.dumps(lab_layout()))
@@ -118,10 +117,7 @@ def test_dry_run_prints_the_commands_and_touches_no_host(tmp_path):
 def test_a_single_rank_on_the_launcher_runs_without_mpirun():
     layout = lab_layout()
     layout["nodes"][1]["slots"] = 0
-    _, launch_cmd = tasks.train_plan(
-        Cluster.from_json(layout), run_id="r1", data=Path("/d/p"), model=Path("/m/t"),
-        config=None, overrides=[], backend="mpi", interface=None, btl_tcp_links=None, threads=1)
-    line = launch_cmd[-1]
+    line = plan(Cluster.from_json(layout), threads=1).launch[-1]
     assert "mpirun" not in line
     assert ("cd /opt/mlx-cluster/work && env HF_HUB_OFFLINE=1 OPENBLAS_NUM_THREADS=1 TTY_COMPATIBLE=0 "
             "/opt/mlx-cluster/venv/bin/python -m training.finetune ") in line
@@ -129,11 +125,9 @@ def test_a_single_rank_on_the_launcher_runs_without_mpirun():
 
 
 def test_resume_continues_the_run_with_the_settings_it_was_started_with():
-    _, launch_cmd = tasks.train_plan(
-        Cluster.from_json(lab_layout()), run_id="r1", data=Path("/d/pirate"),
-        model=Path("/m/tiny"), config=Path("/b/resume/r1.yaml"),
-        overrides=["--steps-per-report", "5"], backend="mpi", interface=None, btl_tcp_links=None,
-        resume=True)
+    launch_cmd = plan(Cluster.from_json(lab_layout()), data="/d/pirate", model="/m/tiny",
+                      config="/b/resume/r1.yaml", overrides=("--steps-per-report", "5"),
+                      resume=True).launch
     assert launch_cmd[-1].endswith(
         "training.finetune --config /opt/mlx-cluster/work/config/r1.yaml --resume --model "
         "/opt/mlx-cluster/models/tiny --data /opt/mlx-cluster/work/data/pirate --adapter-path "
@@ -144,6 +138,22 @@ def test_scaling_configurations_keep_the_launcher_and_the_first_nodes():
     layout = lab_layout()
     layout["nodes"].append({**layout["nodes"][1], "name": "node3", "thunderbolt_ip": "10.78.5.13"})
     cluster = Cluster.from_json(layout)
-    assert tasks._first_nodes(cluster, 1).hostfile_lines() == ["10.78.5.11 slots=1"]
-    assert [n.name for n in tasks._first_nodes(cluster, 2).training_nodes] == ["node1", "node2"]
-    assert tasks._first_nodes(cluster, 3).world_size == 3
+    assert cluster.first_nodes(1).hostfile_lines() == ["10.78.5.11 slots=1"]
+    assert [n.name for n in cluster.first_nodes(2).training_nodes] == ["node1", "node2"]
+    assert cluster.first_nodes(3).world_size == 3
+
+
+def rank_environment(cmd: list[str]) -> set[str]:
+    words = shlex.split(cmd[-1])
+    return {words[i + 1] for i, word in enumerate(words) if word == "-x" and "=" in words[i + 1]}
+
+
+def test_invoke_run_gives_its_ranks_the_environment_training_ranks_get():
+    for layout in (lab_layout(), {**lab_layout(), "nodes": [
+            {**n, "slots": 2} for n in lab_layout()["nodes"]]}):
+        cluster = Cluster.from_json(layout)
+        trained = rank_environment(plan(cluster).launch)
+        ran = rank_environment(everywhere.command(cluster, ["hostname"], interactive=False))
+        assert trained == ran
+        assert {"HF_HUB_OFFLINE=1", "TTY_COMPATIBLE=0"} <= ran
+    assert "OPENBLAS_NUM_THREADS=1" in ran  # two ranks share each node's cores

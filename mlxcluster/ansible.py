@@ -1,30 +1,20 @@
-"""Command lines the invoke tasks run, built by plain functions so tests can assert on them."""
+"""The ansible-playbook command lines, and what a run's recap says.
+
+Built by plain functions so tests can assert on them. `provision` renders the controller's copy
+of the hostfiles and the recorded layout into the inventory's build folder (mlxcluster/paths.py).
+"""
 
 from __future__ import annotations
 
 import re
-import shlex
-from collections.abc import Mapping, Sequence
+import subprocess
+import time
+from collections.abc import Mapping
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-
-
-def build_dir_for(inventory: str | Path) -> Path:
-    """Controller build folder of one inventory: build/<inventory folder name>.
-
-    Each inventory gets its own so that rendering the lab's hostfiles never
-    overwrites those of the real cluster.
-    """
-    path = Path(inventory).resolve()
-    folder = path if path.is_dir() else path.parent
-    if folder == REPO / "inventory":  # inventory/<name>.yml: the user's own clusters
-        name = "cluster" if path.is_dir() else path.stem
-    elif folder.name == "inventory":  # e.g. /srv/mlx-lab/lab0/inventory/hosts.yml
-        name = folder.parent.name
-    else:  # inventory/local/hosts.yml
-        name = folder.name
-    return REPO / "build" / re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+from mlxcluster import local
+from mlxcluster.errors import UserError
+from mlxcluster.paths import REPO, build_dir_for
 
 
 def ansible_playbook(playbook: str, inventory: str | Path, *,
@@ -62,10 +52,6 @@ def render_hostfiles(inventory: str | Path, output: str | Path) -> list[str]:
                             extra_vars={"hostfile_build_dir": str(Path(output).resolve())})
 
 
-def join(cmd: Sequence[str]) -> str:
-    return shlex.join(cmd)
-
-
 _RECAP = re.compile(
     r"^(?P<host>\S+)\s+:\s+ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+"
     r"unreachable=(?P<unreachable>\d+)\s+failed=(?P<failed>\d+)", re.M)
@@ -75,3 +61,14 @@ def parse_recap(output: str) -> dict[str, dict[str, int]]:
     """Per-host counters from the PLAY RECAP of an ansible-playbook run."""
     return {m["host"]: {k: int(m[k]) for k in ("ok", "changed", "unreachable", "failed")}
             for m in _RECAP.finditer(output)}
+
+
+def timed_run(cmd: list[str], env: Mapping[str, str] | None = None) -> tuple[float, dict]:
+    """Run a playbook quietly: (seconds it took, its recap); a UserError with its output's tail
+    if it fails."""
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=REPO, env=local.tool_env(env), capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise UserError(f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}")
+    return elapsed, parse_recap(proc.stdout)

@@ -1,8 +1,9 @@
 """`invoke bench.links`: how fast the cluster link is, node pair by node pair and for all-reduce.
 
-training/link_bench.py runs on every node (one rank per node) and measures; this module builds
-its launch lines, reads what rank 0 printed, flags slow and asymmetric links, and renders the
-table and the PNG. All plain functions of their inputs, so the unit tests drive them directly.
+training/link_bench.py runs on every node (one rank per node) and measures, launched by the one
+builder (mlxcluster/launch.py); this module reads what rank 0 printed, flags slow and asymmetric
+links, and renders the table and the PNG. All plain functions of their inputs but `run` and
+`measure`, so the unit tests drive them directly.
 
 One rank per node, whatever a node's slots: the benchmark measures links, and ranks that share
 a node talk through its memory, not over the cable. mpirun gets one rank per node with
@@ -11,17 +12,19 @@ a node talk through its memory, not over the cable. mpirun gets one rank per nod
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
-import shlex
 import statistics
+import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlxcluster import launch, sync
+from mlxcluster import launch, relay, sync
+from mlxcluster.bench import results
+from mlxcluster.cluster import Cluster, Recorded
+from mlxcluster.errors import Interrupted, UserError
 
 # What training/link_bench.py prefixes its JSON line with (a unit test keeps the two equal).
 MARKER = "LINK_BENCH_JSON "
@@ -35,7 +38,7 @@ PAIR_BYTES = 64 << 20
 HOSTS_FILE = "link-bench-hosts.json"  # the one-rank-per-node hosts.json, in the work directory
 
 
-class LinkBenchError(ValueError):
+class LinkBenchError(UserError):
     """Bad options or a cluster the benchmark cannot run on; the message says what to do."""
 
 
@@ -71,13 +74,12 @@ def format_bytes(n: int) -> str:
     return f"{n} B"
 
 
-# --- launching -------------------------------------------------------------------------------------
+# --- launching and measuring ----------------------------------------------------------------------
 
 
-def one_rank_per_node(cluster: launch.Cluster) -> launch.Cluster:
+def one_rank_per_node(cluster: Cluster) -> Cluster:
     """The cluster with one slot on each node that trains (the others stay out)."""
-    layout = launch.Cluster(cluster.launcher, tuple(
-        dataclasses.replace(n, slots=min(n.slots, 1)) for n in cluster.nodes))
+    layout = cluster.one_rank_per_node()
     if len(layout.training_nodes) < 2:
         raise LinkBenchError(f"a link benchmark needs at least 2 nodes with mpi_slots > 0; this "
                              f"inventory has {len(layout.training_nodes)}")
@@ -85,13 +87,6 @@ def one_rank_per_node(cluster: launch.Cluster) -> launch.Cluster:
         raise LinkBenchError(f"the launcher {cluster.head.name} has mpi_slots: 0, but rank 0 runs "
                              "there: give it a slot")
     return layout
-
-
-def ring_hosts(layout: launch.Cluster, envs: Sequence[str] = ()) -> dict[str, Any]:
-    """mlx.launch's hosts.json with one entry per node (the rendered one has one per slot)."""
-    return {"backend": "ring", "envs": list(envs),
-            "hosts": [{"ssh": n.thunderbolt_ip, "ips": [n.thunderbolt_ip]}
-                      for n in layout.training_nodes]}
 
 
 def rendered_envs(hosts_json: Path) -> list[str]:
@@ -102,43 +97,19 @@ def rendered_envs(hosts_json: Path) -> list[str]:
         return []
 
 
-def program(layout: launch.Cluster, *, max_bytes: int, tag: str) -> list[str]:
+def program(layout: Cluster, *, max_bytes: int, tag: str) -> list[str]:
     return ["python", "-m", "training.link_bench", "--max-size", str(max_bytes),
             "--pair-bytes", str(min(PAIR_BYTES, max_bytes)),
             "--expected-world-size", str(layout.world_size), "--tag", tag]
 
 
-def launch_command(layout: launch.Cluster, backend: str, *, max_bytes: int, tag: str,
-                   root: bool, envs: Sequence[str] = ()) -> list[str]:
-    """The controller's command that runs the benchmark on every node of `layout` from the
-    launcher, as invoke train launches (env.sh sourced, the cluster link pinned)."""
-    head = layout.head
-    work = sync.node_paths(head)["work"]
-    args = program(layout, max_bytes=max_bytes, tag=tag)
-    prefix = ""
-    if backend == "ring":
-        hosts = f"{work}/{HOSTS_FILE}"
-        content = shlex.quote(json.dumps(ring_hosts(layout, envs)))
-        prefix = f"printf '%s\\n' {content} > {shlex.quote(hosts)} && "
-        cmd = [f"{head.venv}/bin/mlx.launch", "--backend", "ring", "--hostfile", hosts,
-               "--cwd", work,
-               # As invoke train: every rank runs bash, which sources its env.sh (venv, OpenBLAS)
-               # and execs the venv's python; mlx.launch alone could only pass fixed values.
-               "--python", "bash", "--",
-               "-c", f'. {shlex.quote(str(head.env_file))} && exec python "$@"', *args]
-    elif backend == "mpi":
-        args[0] = f"{head.venv}/bin/python"
-        cmd = launch.mpirun_command(layout, args, launch.MpiOptions(
-            allow_run_as_root=root, extra=["--map-by", "node", "--wdir", work]))
-    else:
-        raise LinkBenchError(f"unknown backend {backend!r}")
-    return launch.ssh_command(head, prefix + launch.on_launcher(layout, cmd, workdir=work))
-
-
-def stop_command(layout: launch.Cluster, tag: str) -> list[str]:
-    """Stops a benchmark's launcher (and with it every rank) when the controller gives up on it."""
-    pattern = f"(mpirun|mlx\\.launch|python) .*--tag {tag}"  # tag: letters, digits, dashes
-    return launch.ssh_command(layout.head, f"pkill -TERM -f {shlex.quote(pattern)}")
+def job(layout: Cluster, backend: str, *, max_bytes: int, tag: str,
+        envs: Sequence[str] = ()) -> launch.Job:
+    """The benchmark launched as invoke train launches (env.sh, the cluster link pinned), with
+    one rank per node: mpirun maps by node, mlx.launch gets a hosts file with one entry each."""
+    return launch.Job(program(layout, max_bytes=max_bytes, tag=tag), backend=backend,
+                      map_by_node=backend == "mpi",
+                      ring_hosts_file=HOSTS_FILE if backend == "ring" else None, ring_envs=envs)
 
 
 def extract(stdout: str) -> dict[str, Any] | None:
@@ -152,24 +123,43 @@ def extract(stdout: str) -> dict[str, Any] | None:
     return None
 
 
-# Lines of a failed launch's output that say why (the rest is mpirun's and mlx.launch's boilerplate).
-_CAUSE = re.compile(r"rank \d+: error|^ssh: |Node with rank \d+ exited|Error: |ORTE was unable|"
-                    r"exited on signal|Process name:|Exit code:")
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+def measure(rec: Recorded, layout: Cluster, backend: str, *, max_bytes: int, tag: str,
+            timeout: float) -> dict[str, Any]:
+    """One backend's document: the benchmark on every node, its output shown as it comes but
+    for rank 0's result line. A failed, interrupted or timed-out run is stopped on every node."""
+    print(f"==> {backend}: pairs and all_sum up to {format_bytes(max_bytes)} on "
+          f"{layout.world_size} nodes, one rank each", flush=True)
+    cmd = launch.command(layout, job(layout, backend, max_bytes=max_bytes, tag=tag,
+                                     envs=rendered_envs(rec.hosts_json)))
+    try:
+        relayed = relay.supervise(layout, cmd, f"--tag {tag}", timeout=timeout, hide=MARKER,
+                                  stdin=subprocess.DEVNULL)
+    except KeyboardInterrupt:
+        raise Interrupted("interrupted: the benchmark was stopped on every node") from None
+    doc = extract("\n".join(relayed.held_back))
+    if relayed.code != 0 or doc is None:  # mlx.launch exits 0 even when a rank failed
+        raise LinkBenchError(launch.failure_report(layout, backend, relayed.code, relayed.output,
+                                                   rec.inventory), code=relayed.code or 1)
+    return doc
 
 
-def launch_failure(backend: str, code: int | None, output_tail: str, inventory: str,
-                   names: Sequence[str] = ()) -> str:
-    """What to tell the user when a backend's run failed: how, the lines that say why, which
-    node each rank was, and what to run next."""
-    what = "timed out (raise --timeout if it was still making progress)" if code is None else (
-        f"exited {code}" if code else "exited 0 but rank 0 printed no result")
-    lines = [_ANSI.sub("", line).strip() for line in output_tail.splitlines()]
-    causes = list(dict.fromkeys(line for line in lines if _CAUSE.search(line)))[-8:]
-    shown = "\n".join(f"  {line}" for line in causes) or "  (see the output above)"
-    ranks = ", ".join(f"{rank} {name}" for rank, name in enumerate(names))
-    return (f"the {backend} launch {what}:\n{shown}\n" + (f"ranks: {ranks}\n" if ranks else "")
-            + f"check the cluster with: invoke doctor -i {inventory}")
+def run(rec: Recorded, *, backends: str = "mpi,ring", max_size: str | int = "256MB",
+        output: str | None = None, timeout: float = 900) -> Path:
+    """invoke bench.links: measure with each backend, then the tables, the JSON and the PNG."""
+    from rich.console import Console
+
+    chosen, max_bytes = parse_backends(backends), parse_size(max_size)
+    layout = one_rank_per_node(rec.cluster)
+    sync.run_steps(sync.push_code(layout))
+    when = results.stamp()
+    docs = {backend: measure(rec, layout, backend, max_bytes=max_bytes, tag=f"links-{when}",
+                             timeout=float(timeout)) for backend in chosen}
+    result = assemble(layout, docs, inventory=rec.inventory, max_bytes=max_bytes, date=results.date())
+    out = results.write("links", result, output, when)
+    png = plot(result, out.with_suffix(".png"))
+    render(result, Console())
+    print(f"wrote {out} and {png}")
+    return out
 
 
 # --- judging ---------------------------------------------------------------------------------------
@@ -198,7 +188,7 @@ def flag_pairs(pairs: Sequence[Mapping[str, Any]], names: Sequence[str]) -> list
     return flags
 
 
-def assemble(layout: launch.Cluster, docs: Mapping[str, Mapping[str, Any]], *, inventory: str,
+def assemble(layout: Cluster, docs: Mapping[str, Mapping[str, Any]], *, inventory: str,
              date: str, max_bytes: int) -> dict[str, Any]:
     """One result from each backend's document: node names by rank, flags per backend."""
     names = [n.name for n in layout.training_nodes]

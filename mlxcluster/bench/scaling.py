@@ -7,9 +7,18 @@ time went), a rich table, and a PNG.
 
 from __future__ import annotations
 
+import json
+import math
+import os
+import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from mlxcluster import doctor, inputs, runs, train
+from mlxcluster.bench import results
+from mlxcluster.cluster import Recorded
+from mlxcluster.errors import UserError
 
 # Where a run's time goes, in the order the report shows it. All are seconds of rank 0's run,
 # except sync: the controller's rsync of code, data and model before the launch.
@@ -92,3 +101,53 @@ def plot(rows: Sequence[Mapping[str, Any]], output: Path, title: str) -> Path:
     output.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(output, dpi=120, format="png")
     return output
+
+
+def node_counts(text: str | None, available: int) -> list[int]:
+    """--nodes as sorted counts: from 1 (the baseline) up to the training nodes there are."""
+    try:
+        counts = sorted({int(n) for n in str(text).split(",")}) if text else sorted({1, available})
+    except ValueError:
+        raise UserError(f"--nodes {text}: node counts separated by commas, e.g. 1,{available}") from None
+    if counts[0] != 1 or counts[-1] > available:
+        raise UserError(f"--nodes {text}: counts from 1 (the baseline) up to the {available} "
+                        "training nodes of the inventory")
+    return counts
+
+
+def run(rec: Recorded, *, nodes: str | None = None, iters: int = 30, batch_size: int | None = None,
+        data: str | None = None, model: str | None = None, threads: int | None = None,
+        extra: str = "", output: str | None = None) -> Path:
+    """invoke bench.scaling: each configuration launched exactly as invoke train launches, then
+    the table, the JSON and the PNG."""
+    from rich.console import Console
+
+    layouts = {count: rec.cluster.first_nodes(count)
+               for count in node_counts(nodes, len(rec.cluster.training_nodes))}
+    if not batch_size:
+        step = math.lcm(*(layout.world_size for layout in layouts.values()))
+        batch_size = step * -(-4 // step)
+    data_dir, model_dir = inputs.resolve(rec.cluster, data, model)
+    doctor.preflight(rec.cluster, inputs.model_bytes(model_dir))
+    overrides = ["--iters", str(iters), "--batch-size", str(batch_size), "--steps-per-report", "5",
+                 "--steps-per-eval", str(iters), "--save-every", str(iters), *shlex.split(extra)]
+    request = train.Request(data_dir, model_dir, overrides=overrides, threads=threads)
+    rows, run_dirs = [], {}
+    for count, layout in layouts.items():
+        print(f"==> scaling: {iters} steps of global batch {batch_size} on {count} "
+              f"node{'s' if count > 1 else ''}", flush=True)
+        run_dir = train.launch_run(layout, request, rec.inventory)
+        run_dirs[count] = str(run_dir)
+        rows.append(row(count, layout.world_size, json.loads((run_dir / "summary.json").read_text()),
+                        runs.read_info(run_dir)))
+    rows = with_speedup(rows)
+    title = f"{model_dir.name}: {iters} steps, global batch {batch_size}"
+    out = results.write("scaling", {
+        "benchmark": "scaling", "date": results.date(), "inventory": rec.inventory,
+        "model": str(model_dir), "data": str(data_dir), "iters": int(iters),
+        "global_batch_size": int(batch_size), "host_cpus": os.cpu_count(), "rows": rows,
+        "runs": run_dirs}, output)
+    png = plot(rows, out.with_suffix(".png"), title)
+    Console(width=max(Console().width, 120)).print(table(rows, title))
+    print(f"wrote {out} and {png}")
+    return out

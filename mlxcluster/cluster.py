@@ -1,0 +1,160 @@
+"""The cluster as provisioning recorded it, and the layouts a launch runs on.
+
+`build/<inventory>/cluster.json` (roles/hostfile/templates/cluster.json.j2) holds every value
+Ansible resolved: per node its link, slots, paths and how the controller reaches it. `Cluster` is
+that record; its sub-layouts (the first k nodes, one rank per node, one node alone) are clusters
+too, so every launch, sync and check takes a `Cluster` and nothing else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlxcluster.errors import UserError
+from mlxcluster.paths import build_dir_for
+
+
+class NotReady(UserError):
+    """The cluster cannot be launched on as it is; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    thunderbolt_ip: str
+    slots: int
+    os_family: str = "Debian"
+    thunderbolt_interface: str | None = None
+    thunderbolt_prefix: int = 24
+    thunderbolt_mtu: int = 0  # 0: not recorded
+    cluster_root: str | None = None
+    venv: str | None = None
+    env_file: str | None = None
+    openmpi_prefix: str | None = None
+    reachable: bool = True
+    connection: Mapping[str, Any] = field(default_factory=dict)
+
+    # Where things live on a node: under its cluster_root, the same path on every node. The work
+    # directory holds the training code (work/training), the data (work/data) and configs.
+    work_dir = property(lambda self: f"{self.cluster_root or ''}/work")
+    models_dir = property(lambda self: f"{self.cluster_root or ''}/models")
+    runs_dir = property(lambda self: f"{self.cluster_root or ''}/runs")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    launcher: str
+    nodes: tuple[Node, ...]
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Cluster:
+        nodes = tuple(Node(**{k: v for k, v in node.items() if k in Node.__dataclass_fields__})
+                      for node in data["nodes"])
+        return cls(launcher=data["launcher"], nodes=nodes)
+
+    @classmethod
+    def load(cls, path: Path) -> Cluster:
+        if not path.exists():
+            raise NotReady(f"{path} is missing: provision the cluster first "
+                           "(invoke provision -i <inventory>)")
+        return cls.from_json(json.loads(path.read_text()))
+
+    @property
+    def head(self) -> Node:
+        """The launcher: rank 0, where mpirun starts."""
+        return next(n for n in self.nodes if n.name == self.launcher)
+
+    @property
+    def training_nodes(self) -> list[Node]:
+        return [n for n in self.nodes if n.slots > 0]
+
+    @property
+    def world_size(self) -> int:
+        return sum(n.slots for n in self.training_nodes)
+
+    def hostfile_lines(self) -> list[str]:
+        return [f"{n.thunderbolt_ip} slots={n.slots}" for n in self.training_nodes]
+
+    def rank_nodes(self) -> list[str]:
+        """Node name of each rank: launchers fill the hostfile's hosts in order, slot by slot."""
+        return [n.name for n in self.training_nodes for _ in range(n.slots)]
+
+    def node_of_rank(self, rank: int) -> str:
+        names = self.rank_nodes()
+        return names[rank] if 0 <= rank < len(names) else "?"
+
+    def _with_slots(self, slots: Mapping[str, int]) -> Cluster:
+        return Cluster(self.launcher, tuple(dataclasses.replace(n, slots=slots.get(n.name, 0))
+                                            for n in self.nodes))
+
+    def first_nodes(self, count: int) -> Cluster:
+        """The launcher and the next count - 1 training nodes with their slots; the others get
+        none (bench.scaling's configurations)."""
+        ordered = sorted(self.training_nodes, key=lambda n: n.name != self.launcher)
+        return self._with_slots({n.name: n.slots for n in ordered[:count]})
+
+    def one_rank_per_node(self) -> Cluster:
+        """One slot on each node that trains: ranks that share a node would talk through its
+        memory, not over the cable (bench.links)."""
+        return self._with_slots({n.name: 1 for n in self.training_nodes})
+
+    def only(self, node: Node) -> Cluster:
+        """`node` alone, as its own launcher with one slot: a process run on it by itself."""
+        return Cluster(node.name, (dataclasses.replace(node, slots=1),))
+
+
+def hostfile_entries(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
+
+
+def check_ready(cluster: Cluster, hostfile_text: str) -> None:
+    """Refuse to launch on a cluster that provisioning has not (fully) prepared."""
+    down = [n.name for n in cluster.training_nodes if not n.reachable]
+    if down:
+        raise NotReady(f"{', '.join(down)} could not be reached when the cluster was last "
+                       "provisioned: bring it back and run invoke provision, or set its "
+                       "mpi_slots: 0")
+    if hostfile_entries(hostfile_text) != cluster.hostfile_lines():
+        raise NotReady("the rendered hostfile does not match the inventory: run invoke "
+                       "provision (or invoke hostfile) after editing the inventory")
+    head = cluster.head
+    if not head.venv or not head.env_file or not head.cluster_root:
+        raise NotReady(f"the launcher {head.name} has no venv recorded: run invoke provision")
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What provisioning left on the controller for one inventory."""
+
+    inventory: str
+    cluster: Cluster
+    build: Path
+
+    @property
+    def rendered_hostfile(self) -> str:
+        path = self.build / "hostfile"
+        return path.read_text() if path.exists() else ""
+
+    @property
+    def hosts_json(self) -> Path:
+        return self.build / "hosts.json"
+
+
+def recorded(inventory: str, *, ready: bool = True) -> Recorded:
+    """The recorded layout of `inventory`; with `ready`, only if it can be launched on as it is."""
+    build = build_dir_for(inventory)
+    try:
+        found = Recorded(inventory, Cluster.load(build / "cluster.json"), build)
+        if ready:
+            if not (build / "hostfile").exists():
+                raise NotReady(f"{build / 'hostfile'} is missing: run invoke provision")
+            check_ready(found.cluster, found.rendered_hostfile)
+    except NotReady as exc:
+        raise NotReady(f"cannot {'launch' if ready else 'check'}: {exc}") from None
+    return found

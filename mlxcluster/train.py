@@ -1,0 +1,232 @@
+"""`invoke train`: a plan of the run (pure data, printed by --dry-run), then running it.
+
+The plan is the sync steps that put code, data, config and model on every node, the launch
+command (mlxcluster/launch.py's one builder) and the rsync that brings the results back. Running
+it syncs, launches with the output relayed (mlxcluster/relay.py), records the run in runs/<id>/
+(mlxcluster/runs.py) and says what went wrong if it failed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlxcluster import doctor, inputs, launch, local, relay, runs, sync
+from mlxcluster.cluster import Cluster, Recorded
+from mlxcluster.errors import Interrupted, UserError
+from mlxcluster.paths import REPO, RUNS
+
+
+class TrainFailed(UserError):
+    """The run failed; the message says which rank on which node, and how to go on."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """What to train, and how to launch it."""
+
+    data: Path
+    model: Path
+    config: Path | None = None  # a YAML settings file; for a resumed run, the run's own config.yaml
+    overrides: Sequence[str] = ()  # more training flags, after the config's
+    backend: str | None = None  # mpi (default) or ring
+    interface: str | None = None
+    btl_tcp_links: int | None = None
+    threads: int | None = None
+    interactive: bool = field(default_factory=lambda: sys.stdin.isatty() and sys.stdout.isatty())
+
+
+@dataclass(frozen=True)
+class Plan:
+    cluster: Cluster
+    request: Request
+    run_id: str
+    resume: bool
+    backend: str  # as launched: mpi, ring, or direct (one rank)
+    steps: list[sync.Step]
+    launch: list[str]
+    pull: list[str]
+
+    @property
+    def results(self) -> Path:
+        return RUNS / self.run_id
+
+    @property
+    def marker(self) -> str:
+        """What names this run's processes on the launcher (for stopping them)."""
+        return f"runs/{self.run_id}"
+
+
+def finetune_argv(*, model: str, data: str, adapter_path: str, config: str | None = None,
+                  resume: bool = False, world_size: int | None = None,
+                  overrides: Sequence[str] = ()) -> list[str]:
+    """The training entry point's command line, as every rank runs it."""
+    argv = ["python", "-m", "training.finetune"]
+    if config:
+        argv += ["--config", config]
+    if resume:
+        argv.append("--resume")
+    argv += ["--model", model, "--data", data, "--adapter-path", adapter_path]
+    if world_size is not None:
+        argv += ["--expected-world-size", str(world_size)]
+    return [*argv, *overrides]
+
+
+def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = False) -> Plan:
+    """The run, as commands: nothing is run. resume: continue run_id from its latest checkpoint
+    (request.config is then the run's own config.yaml)."""
+    steps, placed = sync.training_inputs(cluster, request.data.resolve(), request.model.resolve(),
+                                         request.config)
+    run_dir = f"{cluster.head.runs_dir}/{run_id}"
+    program = finetune_argv(model=placed.model, data=placed.data, adapter_path=run_dir,
+                            config=placed.config, resume=resume, world_size=cluster.world_size,
+                            overrides=request.overrides)
+    backend = launch.backend_for(cluster, request.backend)
+    job = launch.Job(program, backend=backend, interface=request.interface,
+                     btl_tcp_links=request.btl_tcp_links, threads=request.threads,
+                     interactive=request.interactive)
+    return Plan(cluster, request, run_id, resume, backend, steps, launch.command(cluster, job),
+                sync.pull(cluster.head, run_dir, RUNS / run_id))
+
+
+def show(plan: Plan) -> None:
+    """--dry-run: every command, in order."""
+    sync.run_steps(plan.steps, dry_run=True)
+    print(f"# launch on {plan.cluster.head.name}\n{shlex.join(plan.launch)}")
+    print(f"# bring the results back\n{shlex.join(plan.pull)}")
+
+
+def collect(plan: Plan, timeout: float | None = None) -> None:
+    """Bring what the run wrote back to runs/<id> (rank 0's files, from the launcher)."""
+    subprocess.run(plan.pull, cwd=REPO, capture_output=True, timeout=timeout,
+                   stdin=subprocess.DEVNULL)
+
+
+def _why(plan: Plan, output: str) -> str:
+    why = launch.describe_failure(plan.cluster, output)
+    if relay.STALL_MESSAGE.decode() in output:
+        # A stall has a cause elsewhere (a node or link gone): the node checks name it.
+        red = doctor.red_node_checks(plan.cluster, None)
+        why += "; the nodes now: " + ("; ".join(f"{c.scope}: {c.name}: {c.detail}" for c in red)
+                                      if red else "all checks green")
+    return why
+
+
+def execute(plan: Plan, inventory: str) -> Path:
+    """Sync, launch on every slot, bring the results back: runs/<id>. Raises TrainFailed when
+    training fails (what arrived is still kept in runs/<id>), Interrupted on Ctrl-C."""
+    synced = time.perf_counter()
+    sync.run_steps(plan.steps)
+    ranks = f"{plan.cluster.world_size} rank{'s' if plan.cluster.world_size > 1 else ''}"
+    how = "one process, no launcher" if plan.backend == "direct" else plan.backend
+    print(f"==> {'resuming run ' + plan.run_id if plan.resume else 'training'} on {ranks} ({how}); "
+          "rank 0 reports:", flush=True)
+    info = {"inventory": inventory, "model": str(plan.request.model.resolve()),
+            "data": str(plan.request.data.resolve()), "world_size": plan.cluster.world_size,
+            "backend": plan.request.backend or "mpi", "status": "running", "exit_code": None,
+            "wall_time_s": None, "sync_s": round(time.perf_counter() - synced, 1),
+            "launch": shlex.join(plan.launch)}
+    if plan.resume:
+        info["attempts"] = runs.read_info(plan.results).get("attempts", 1) + 1
+    runs.write_info(plan.results, info)
+    start = time.perf_counter()
+    try:
+        relayed = relay.supervise(plan.cluster, plan.launch, plan.marker)
+    except KeyboardInterrupt:
+        try:
+            collect(plan, timeout=30)  # what arrived, if it comes quickly
+        except subprocess.TimeoutExpired:
+            pass
+        runs.write_info(plan.results, info | {"status": "interrupted",
+                                              "wall_time_s": round(time.perf_counter() - start, 1)})
+        raise Interrupted(f"interrupted: every rank of run {plan.run_id} was stopped"
+                          f"{runs.resume_hint(plan.results)}") from None
+    collect(plan)
+    # summary.json is written last by rank 0: mlx.launch exits 0 even when a rank failed.
+    finished = relayed.code == 0 and (plan.results / "summary.json").exists()
+    runs.write_info(plan.results, info | {"status": "finished" if finished else "failed",
+                                          "exit_code": relayed.code,
+                                          "wall_time_s": round(time.perf_counter() - start, 1)})
+    if not finished:
+        raise TrainFailed(f"training failed (exit {relayed.code}): {_why(plan, relayed.output)}; "
+                          f"what arrived is in {plan.results}{runs.resume_hint(plan.results)}",
+                          code=relayed.code or 1)
+    if not (plan.results / "loss.png").exists():
+        # Nodes need no matplotlib: the controller draws the plot from the metrics.
+        local.python_module("training.report", [str(plan.results)])
+    return plan.results
+
+
+def launch_run(cluster: Cluster, request: Request, inventory: str, *, run_id: str | None = None,
+               resume: bool = False) -> Path:
+    """Plan and execute one run on `cluster` (or a sub-layout of it): its runs/<id>."""
+    return execute(plan(cluster, request, run_id=run_id or runs.new_id(), resume=resume), inventory)
+
+
+@dataclass(frozen=True)
+class Options:
+    """invoke train's options, as given."""
+
+    config: str | None = None
+    data: str | None = None
+    model: str | None = None
+    iters: int | None = None
+    batch_size: int | None = None
+    extra: str = ""
+    backend: str | None = None
+    interface: str | None = None
+    btl_tcp_links: int | None = None
+    threads: int | None = None
+    resume: str | bool | None = None  # True: the latest unfinished run
+    dry_run: bool = False
+
+
+def _resumed(options: Options) -> tuple[str | None, Options]:
+    """The run to resume (if any), and the options with its data, model, backend and settings."""
+    if not options.resume:
+        return None, options
+    if options.config:
+        raise UserError("--config and --resume do not go together: a resumed run keeps the "
+                        "settings it was started with (change reporting and the like with --extra)")
+    run_id, info = runs.resumable(RUNS, None if options.resume is True else str(options.resume))
+    return run_id, dataclasses.replace(
+        options, data=options.data or info["data"], model=options.model or info["model"],
+        backend=options.backend or info.get("backend"), config=str(runs.resume_config(run_id)))
+
+
+def request_for(rec: Recorded, options: Options, *, fetch: bool) -> Request:
+    config = Path(options.config).resolve() if options.config else None
+    if config and not config.is_file():
+        raise UserError(f"--config {options.config} does not exist")
+    data, model = inputs.resolve(rec.cluster, options.data, options.model, fetch=fetch,
+                                 check=not options.dry_run)
+    overrides = shlex.split(options.extra)
+    if options.iters:
+        overrides += ["--iters", str(options.iters)]
+    if options.batch_size:
+        overrides += ["--batch-size", str(options.batch_size)]
+    return Request(data, model, config, overrides, options.backend, options.interface,
+                   int(options.btl_tcp_links) if options.btl_tcp_links else None,
+                   int(options.threads) if options.threads else None)
+
+
+def train(rec: Recorded, options: Options) -> Path | None:
+    """invoke train: a new run, or a resumed one, on the recorded cluster; its runs/<id> (None:
+    dry run)."""
+    resume_run, options = _resumed(options)
+    if options.backend not in (None, *launch.BACKENDS):
+        raise UserError(f"--backend must be mpi or ring, not {options.backend!r}")
+    request = request_for(rec, options, fetch=not options.dry_run and not resume_run)
+    the_plan = plan(rec.cluster, request, run_id=resume_run or runs.new_id(),
+                    resume=resume_run is not None)
+    if options.dry_run:
+        show(the_plan)
+        return None
+    doctor.preflight(rec.cluster, inputs.model_bytes(request.model))
+    return execute(the_plan, rec.inventory)
