@@ -47,11 +47,27 @@ def _flags(settings: Mapping[str, Any]) -> list[str]:
             for word in (f"--{key.replace('_', '-')}", str(value))]
 
 
-def stock_program(model: str, data: str, adapter_path: str, iters: int, config: str) -> list[str]:
+def _run_flags(iters: int, settings: Mapping[str, Any]) -> list[str]:
+    return _flags({**settings, "iters": iters, "steps_per_eval": iters, "save_every": iters})
+
+
+def ours_flags(iters: int, settings: Mapping[str, Any] = SETTINGS) -> list[str]:
+    lora = {"lora_rank": LORA["rank"], "lora_scale": LORA["scale"], "lora_dropout": LORA["dropout"]}
+    return _run_flags(iters, {**settings, **lora})
+
+
+def ours_program(model: str, data: str, adapter_path: str, iters: int,
+                 settings: Mapping[str, Any] = SETTINGS) -> list[str]:
+    """What invoke train runs on its one rank (mlxcluster/train.py plans it so)."""
+    return train.finetune_argv(model=model, data=data, adapter_path=adapter_path, world_size=1,
+                               overrides=ours_flags(iters, settings))
+
+
+def stock_program(model: str, data: str, adapter_path: str, iters: int, config: str,
+                  settings: Mapping[str, Any] = SETTINGS) -> list[str]:
     # The LoRA shape has no flags in mlx_lm lora: it comes from its YAML config (-c).
     return ["python", "-m", "mlx_lm", "lora", "--train", "--model", model, "--data", data,
-            "--adapter-path", adapter_path, "-c", config,
-            *_flags({**SETTINGS, "iters": iters, "steps_per_eval": iters, "save_every": iters})]
+            "--adapter-path", adapter_path, "-c", config, *_run_flags(iters, settings)]
 
 
 def report_times(stamped: Sequence[tuple[float, str]], stock: bool) -> dict[int, tuple[float, float | None]]:
@@ -97,10 +113,7 @@ def _ours(layout: Cluster, data: Path, model: Path, iters: int, run_id: str
           ) -> tuple[dict[int, tuple[float, float | None]], dict[int, int], float]:
     """Our run, planned and launched as invoke train does it: its report times, its tokens by
     step, and the tokens/s it reports itself (summary.json)."""
-    lora = {"lora_rank": LORA["rank"], "lora_scale": LORA["scale"], "lora_dropout": LORA["dropout"]}
-    request = train.Request(data, model, overrides=_flags(
-        {**SETTINGS, **lora, "iters": iters, "steps_per_eval": iters, "save_every": iters}),
-        interactive=False)
+    request = train.Request(data, model, overrides=ours_flags(iters), interactive=False)
     plan = train.plan(layout, request, run_id=run_id)
     sync.run_steps(plan.steps)
     stamped = _stamped(layout, plan.launch, plan.marker)
@@ -137,11 +150,11 @@ def compare(layout: Cluster, data: Path, model: Path, *, iters: int, rounds: int
         ours, tokens, reported = _ours(layout, data, model, iters, f"bench-ours-{when}-{index}")
         print(f"==> overhead, round {index + 1} of {rounds}: stock mlx_lm lora", flush=True)
         stock = _stock(layout, data, model, iters, f"bench-stock-{when}-{index}")
-        per_round.append(_round(ours, stock, tokens, bounds, reported))
+        per_round.append(compare_round(ours, stock, tokens, bounds, reported))
     return _summary(per_round, iters, bounds)
 
 
-def _round(ours: Mapping[int, tuple[float, float | None]],
+def compare_round(ours: Mapping[int, tuple[float, float | None]],
            stock: Mapping[int, tuple[float, float | None]], tokens: Mapping[int, int],
            bounds: tuple[int, int], ours_reported: float) -> dict[str, Any]:
     # Same seed, same batches: stock's token counts (in thousands) must be ours, rounded.
