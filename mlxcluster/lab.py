@@ -23,6 +23,7 @@ Only ever addresses inside namespaces this module created are used.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import shutil
@@ -416,14 +417,21 @@ def prepare_offline_cache(mlx_requirements: list[str] | None = None) -> None:
     (run it where they are reachable: CI and developer machines).
     """
     require_root()
+    WHEELHOUSE.mkdir(parents=True, exist_ok=True)
+    # Several labs (test runs side by side) fill the same caches: one at a time, as apt's own
+    # lock would otherwise fail the second with "Could not get lock".
+    with open(WHEELHOUSE / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _fill_caches(mlx_requirements or node_requirements())
+
+
+def _fill_caches(mlx_requirements: list[str]) -> None:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     download = ["apt-get", "install", "-y", "-q", "--download-only", *APT_PACKAGES]
     if subprocess.run(download, env=env, capture_output=True).returncode != 0:
         # The package lists may be missing or stale on a fresh machine.
         _run(["apt-get", "update", "-q"], capture=True)
         _run(download, capture=True)
-    WHEELHOUSE.mkdir(parents=True, exist_ok=True)
-    mlx_requirements = mlx_requirements or node_requirements()
     _run([sys.executable, "-m", "pip", "download", "-q", "--dest", str(WHEELHOUSE),
           "--only-binary=:all:", *mlx_requirements, "pip", "setuptools", "wheel"], capture=True)
 

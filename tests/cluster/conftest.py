@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import yaml
 
 from mlxcluster import ansible, lab, local
 
@@ -93,8 +95,42 @@ def fresh_lab(tmp_path_factory: pytest.TempPathFactory, nodes: int) -> Iterator[
         shutil.rmtree(facts, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def lab_cluster(tmp_path_factory: pytest.TempPathFactory):
-    """A fresh 3-node lab cluster for the module; torn down afterwards."""
+    """A fresh 3-node lab cluster, shared by the test modules and torn down at the end.
+
+    Provisioning a lab is most of a lab test's time, so it is done once: test_site.py checks the
+    provisioning of the fresh nodes (dry run, first and second run, ...), then test_train.py
+    trains on two of the provisioned nodes. The modules run in that order (file order); a module
+    run alone provisions what it needs itself.
+    """
     with fresh_lab(tmp_path_factory, 3) as cluster:
         yield cluster
+
+
+def sub_cluster(cluster: LabCluster, nodes: list[str], folder: Path) -> LabCluster:
+    """The lab cluster as an inventory of `nodes` alone (the first one the launcher), written
+    under folder/inventory/ with the lab's settings: its own build folder, its own launch layout."""
+    inventory = yaml.safe_load(cluster.inventory.read_text())
+    linux = inventory["cluster"]["children"]["linux"]["hosts"]
+    inventory["cluster"]["children"]["linux"]["hosts"] = {n: linux[n] for n in nodes}
+    inventory["launcher"] = {"hosts": {nodes[0]: None}}
+    path = folder / "inventory" / "hosts.yml"
+    path.parent.mkdir(parents=True)
+    path.write_text(yaml.safe_dump(inventory))
+    (path.parent / "group_vars").symlink_to(cluster.inventory.parent / "group_vars")
+    return dataclasses.replace(cluster, inventory=path)
+
+
+@pytest.fixture(scope="session")
+def tiny_inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A tiny llama in mlx-lm's layout and the prepared pirate data, made once."""
+    from tests.unit.test_model import tiny_model
+    from training import model as model_tools
+    from training.prepare import prepare
+
+    tmp = tmp_path_factory.mktemp("tiny-inputs")
+    tiny_model(tmp / "tiny-src")
+    model_dir = model_tools.fetch(str(tmp / "tiny-src"), tmp / "tiny", dtype="float32")
+    prepare(REPO / "training/data/pirate.jsonl", tmp / "pirate")
+    return model_dir, tmp / "pirate"

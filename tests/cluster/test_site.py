@@ -1,6 +1,7 @@
 """site.yml on a real 3-node lab cluster, as a user would run it.
 
-The tests run in file order and share one cluster: dry run on fresh nodes, first
+The tests run in file order and share one cluster (the session's, which test_train.py then
+trains on): dry run on fresh nodes, first
 converge, idempotent second run, checks on every node (testinfra), MPI across the
 nodes over the Thunderbolt-like link, `invoke bench.links` and `bench.scaling` on it, then the bad-input
 paths: an unreachable node, a node added to the inventory, a node whose OS does not match
@@ -129,10 +130,9 @@ def test_bench_links_measures_every_node_pair_and_all_reduce_on_both_backends(la
     print(proc.stdout[proc.stdout.index("node pairs"):])
 
 
-def test_bench_scaling_runs_on_one_node_and_on_all_and_reports_the_speedup(lab_cluster, tmp_path):
-    from tests.cluster.test_train import tiny_model_and_data
-
-    model_dir, data_dir = tiny_model_and_data(tmp_path)
+def test_bench_scaling_runs_on_one_node_and_on_all_and_reports_the_speedup(lab_cluster, tiny_inputs,
+                                                                           tmp_path):
+    model_dir, data_dir = tiny_inputs
     output = tmp_path / "scaling.json"
     proc = subprocess.run([str(VENV_BIN / "invoke"), "bench.scaling", "-i", str(lab_cluster.inventory),
                            "--model", str(model_dir), "--data", str(data_dir), "--iters", "6",

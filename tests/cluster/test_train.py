@@ -1,4 +1,4 @@
-"""`invoke train` on a provisioned 2-node lab cluster, as a user runs it.
+"""`invoke train` on two provisioned lab nodes, as a user runs it.
 
 A tiny llama trains for a few steps on both nodes through mpirun pinned to the
 Thunderbolt-like link; the artifacts must arrive in runs/ on the controller.
@@ -20,10 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from mlxcluster import lab
-from tests.cluster.conftest import fresh_lab
-from training import model as model_tools
-from training.prepare import prepare
+from mlxcluster import lab, paths
+from tests.cluster.conftest import LabCluster, sub_cluster
 
 pytestmark = pytest.mark.cluster
 
@@ -32,21 +30,17 @@ INVOKE = str(Path(sys.executable).parent / "invoke")
 
 
 @pytest.fixture(scope="module")
-def provisioned(tmp_path_factory: pytest.TempPathFactory):
-    with fresh_lab(tmp_path_factory, 2) as cluster:
+def provisioned(lab_cluster: LabCluster, tmp_path_factory: pytest.TempPathFactory):
+    """node1 and node2 of the session's lab as a cluster of their own, one rank each: provisioned
+    from that inventory (after test_site.py, only its hostfiles and layout change)."""
+    folder = tmp_path_factory.mktemp("two-nodes")
+    cluster = sub_cluster(lab_cluster, ["node1", "node2"], folder)
+    try:
         run = cluster.playbook()
         assert run.returncode == 0, json.dumps(run.failures, indent=1)
         yield cluster
-
-
-def tiny_model_and_data(tmp_path: Path) -> tuple[Path, Path]:
-    """A tiny llama in mlx-lm's layout and the prepared pirate data, both under tmp_path."""
-    from tests.unit.test_model import tiny_model
-
-    tiny_model(tmp_path / "tiny-src")
-    model_dir = model_tools.fetch(str(tmp_path / "tiny-src"), tmp_path / "tiny", dtype="float32")
-    prepare(REPO / "training/data/pirate.jsonl", tmp_path / "pirate")
-    return model_dir, tmp_path / "pirate"
+    finally:
+        shutil.rmtree(paths.build_dir_for(cluster.inventory), ignore_errors=True)
 
 
 def run_dir_of(stdout: str) -> Path:
@@ -55,8 +49,8 @@ def run_dir_of(stdout: str) -> Path:
                                 if line.strip().startswith("run 2"))
 
 
-def test_train_runs_on_both_nodes_over_the_link_and_brings_results_back(provisioned, tmp_path):
-    model_dir, data_dir = tiny_model_and_data(tmp_path)
+def test_train_runs_on_both_nodes_over_the_link_and_brings_results_back(provisioned, tiny_inputs):
+    model_dir, data_dir = tiny_inputs
     link_bytes = "cat /sys/class/net/bridge0/statistics/rx_bytes"
     before = int(provisioned.ssh(2, link_bytes).stdout)
 
@@ -87,8 +81,8 @@ def test_train_runs_on_both_nodes_over_the_link_and_brings_results_back(provisio
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def test_ring_backend_trains_with_mlx_launch_and_the_rendered_hosts_json(provisioned, tmp_path):
-    model_dir, data_dir = tiny_model_and_data(tmp_path)
+def test_ring_backend_trains_with_mlx_launch_and_the_rendered_hosts_json(provisioned, tiny_inputs):
+    model_dir, data_dir = tiny_inputs
     proc = subprocess.run(
         [INVOKE, "train", "-i", str(provisioned.inventory), "--backend", "ring", "--model",
          str(model_dir), "--data", str(data_dir), "--iters", "4", "--batch-size", "2",
@@ -163,9 +157,9 @@ def _ctrl_c_as_at_a_terminal() -> None:
 
 
 @contextlib.contextmanager
-def training_under_way(cluster, tmp_path: Path) -> Iterator[subprocess.Popen]:
+def training_under_way(cluster, tiny_inputs: tuple[Path, Path]) -> Iterator[subprocess.Popen]:
     """`invoke train` on a long run, handed over once rank 0 has reported step 3; killed after."""
-    model_dir, data_dir = tiny_model_and_data(tmp_path)
+    model_dir, data_dir = tiny_inputs
     train = subprocess.Popen(
         [INVOKE, "train", "-i", str(cluster.inventory), "--model", str(model_dir),
          "--data", str(data_dir), "--iters", "5000", "--batch-size", "2", "--extra",
@@ -186,8 +180,8 @@ def training_under_way(cluster, tmp_path: Path) -> Iterator[subprocess.Popen]:
         train.communicate()  # closes the pipes
 
 
-def test_a_rank_killed_mid_run_stops_every_rank_and_is_named(provisioned, tmp_path):
-    with training_under_way(provisioned, tmp_path) as train:
+def test_a_rank_killed_mid_run_stops_every_rank_and_is_named(provisioned, tiny_inputs):
+    with training_under_way(provisioned, tiny_inputs) as train:
         killed = time.perf_counter()
         rank1 = finetune_pids(provisioned, 2)
         assert rank1, "no training process on node2"
@@ -204,9 +198,9 @@ def test_a_rank_killed_mid_run_stops_every_rank_and_is_named(provisioned, tmp_pa
     print(f"rank killed -> invoke train returned in {stopped:.1f} s")
 
 
-def test_ctrl_c_on_the_controller_stops_every_rank(provisioned, tmp_path):
+def test_ctrl_c_on_the_controller_stops_every_rank(provisioned, tiny_inputs):
     """Without a tty (output piped), ssh hangs nothing up: invoke train stops the run itself."""
-    with training_under_way(provisioned, tmp_path) as train:
+    with training_under_way(provisioned, tiny_inputs) as train:
         interrupted = time.perf_counter()
         train.send_signal(signal.SIGINT)
         _, stderr = train.communicate(timeout=90)
@@ -236,8 +230,8 @@ def max_adapter_difference(a: Path, b: Path) -> float:
     return max(mx.abs(first[k] - second[k]).max().item() for k in first)
 
 
-def test_an_interrupted_run_resumes_to_the_adapters_of_an_uninterrupted_one(provisioned, tmp_path):
-    model_dir, data_dir = tiny_model_and_data(tmp_path)
+def test_an_interrupted_run_resumes_to_the_adapters_of_an_uninterrupted_one(provisioned, tiny_inputs):
+    model_dir, data_dir = tiny_inputs
     data = ["--model", str(model_dir), "--data", str(data_dir)]
     whole = invoke_train(provisioned, *data, "--extra", RESUME_SETTINGS + " --steps-per-eval 40")
     assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
@@ -288,10 +282,10 @@ def test_an_interrupted_run_resumes_to_the_adapters_of_an_uninterrupted_one(prov
         shutil.rmtree(interrupted, ignore_errors=True)
 
 
-def test_a_node_dropping_off_the_link_stops_the_run_and_is_named(provisioned, tmp_path):
+def test_a_node_dropping_off_the_link_stops_the_run_and_is_named(provisioned, tiny_inputs):
     """A partition, not a crash: node2 keeps running but its cluster link goes down. The ranks
     stop themselves (no progress), the controller stops mpirun, and the node checks name node2."""
-    with training_under_way(provisioned, tmp_path) as train:
+    with training_under_way(provisioned, tiny_inputs) as train:
         lab.set_link(provisioned.lab, 2, up=False)
         try:
             cut = time.perf_counter()
