@@ -319,31 +319,29 @@ def write_atomically(output: Path, files: dict[str, str]) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def prepare(
-    input: Path,
-    output: Path,
-    valid_fraction: float = 0.2,
-    test_fraction: float = 0.0,
-    seed: int = 0,
-    max_tokens: int | None = None,
-    tokenizer: Any = None,
-    system_prompt: str | None = None,
-    console: Console | None = None,
-) -> Summary:
-    """Convert, filter and split `input` into `output` (see the module docstring); print a summary."""
-    input, output = Path(input), Path(output)
+@dataclass(frozen=True)
+class Kept:
+    """The examples that pass the filters, and how many each filter dropped."""
+
+    examples: list[Example]
+    dropped_duplicates: int
+    dropped_too_long: int
+
+
+def check_options(
+    valid_fraction: float, test_fraction: float, max_tokens: int | None, tokenizer: Any
+) -> None:
     check_fractions(valid_fraction, test_fraction)
     if max_tokens is not None and tokenizer is None:
         raise DataError("max_tokens needs a tokenizer to count tokens with")
     if max_tokens is not None and max_tokens < 1:
         raise DataError(f"max_tokens must be positive, not {max_tokens}")
 
-    rows = read_rows(input)
-    if not rows:
-        raise DataError(f"{input}: no rows: the input is empty")
-    data_format = detect_format(rows[0])
-    converted = [to_messages(row, data_format, system_prompt) for row in rows]
 
+def keep_examples(
+    converted: Sequence[list[Message]], seed: int, tokenizer: Any = None, max_tokens: int | None = None
+) -> Kept:
+    """The converted rows as examples, without exact duplicates and those longer than max_tokens."""
     seen: set[str] = set()
     examples: list[Example] = []
     dropped_duplicates = dropped_too_long = 0
@@ -358,25 +356,57 @@ def prepare(
             dropped_too_long += 1
             continue
         examples.append(Example(messages, split_position(seed, messages), length))
-    if len(examples) < len(required_splits(test_fraction)):
-        details = [f"{len(rows)} read", f"{dropped_duplicates} duplicates"]
-        if max_tokens is not None:
-            details.append(f"{dropped_too_long} longer than {max_tokens} tokens")
-        raise DataError(f"{input}: {too_few_message(len(examples), test_fraction)} ({', '.join(details)})")
+    return Kept(examples, dropped_duplicates, dropped_too_long)
 
+
+def split_lines(
+    examples: Sequence[Example], valid_fraction: float, test_fraction: float
+) -> dict[str, list[str]]:
+    """The JSON lines of each split (see `assign_splits`), in the order of the examples."""
     splits = assign_splits([example.position for example in examples], valid_fraction, test_fraction)
     lines: dict[str, list[str]] = {name: [] for name in SPLITS}
     for example, split in zip(examples, splits, strict=True):
         lines[split].append(json.dumps({"messages": example.messages}, ensure_ascii=False) + "\n")
-    lengths = [example.length for example in examples]
+    return lines
+
+
+def prepare(
+    input: Path,
+    output: Path,
+    valid_fraction: float = 0.2,
+    test_fraction: float = 0.0,
+    seed: int = 0,
+    max_tokens: int | None = None,
+    tokenizer: Any = None,
+    system_prompt: str | None = None,
+    console: Console | None = None,
+) -> Summary:
+    """Convert, filter and split `input` into `output` (see the module docstring); print a summary."""
+    input, output = Path(input), Path(output)
+    check_options(valid_fraction, test_fraction, max_tokens, tokenizer)
+    rows = read_rows(input)
+    if not rows:
+        raise DataError(f"{input}: no rows: the input is empty")
+    data_format = detect_format(rows[0])
+    converted = [to_messages(row, data_format, system_prompt) for row in rows]
+    kept = keep_examples(converted, seed, tokenizer, max_tokens)
+    if len(kept.examples) < len(required_splits(test_fraction)):
+        details = [f"{len(rows)} read", f"{kept.dropped_duplicates} duplicates"]
+        if max_tokens is not None:
+            details.append(f"{kept.dropped_too_long} longer than {max_tokens} tokens")
+        too_few = too_few_message(len(kept.examples), test_fraction)
+        raise DataError(f"{input}: {too_few} ({', '.join(details)})")
+
+    lines = split_lines(kept.examples, valid_fraction, test_fraction)
+    lengths = [example.length for example in kept.examples]
     summary = Summary(
         input=str(input),
         output=str(output),
         format=data_format,
         rows_read=len(rows),
-        kept=len(examples),
-        dropped_too_long=dropped_too_long,
-        dropped_duplicates=dropped_duplicates,
+        kept=len(kept.examples),
+        dropped_too_long=kept.dropped_too_long,
+        dropped_duplicates=kept.dropped_duplicates,
         train=len(lines["train"]),
         valid=len(lines["valid"]),
         test=len(lines["test"]),
