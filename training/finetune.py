@@ -238,10 +238,10 @@ def train(
         return
     tic = time.perf_counter()
     val_loss = trainer.evaluate(
-        model=loaded.model,
-        dataset=loaded.valid,
-        batch_size=config.batch_size,
-        num_batches=config.val_batches,
+        loaded.model,
+        loaded.valid,
+        config.batch_size,
+        config.val_batches,
         max_seq_length=config.max_seq_length,
         iterate_batches=batches,
         progress_callback=display.progressed,
