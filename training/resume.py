@@ -1,7 +1,7 @@
 """What makes a run resumable: checkpoints written while it trains, and picking up from the latest.
 
 `Checkpointer` writes one (rank 0, `training/checkpoint.py`: adapters, optimizer state, step, RNG
-key, the settings and the training data's digest) at the first train report after every
+key, the settings and the training data's digest) at the first train report at or after every
 `save_every` steps. `resume_point` reads the latest on rank 0, checks that it belongs to this run,
 and gives every rank its adapters, Adam moments and RNG key; with the seed-only batch order
 (`training/batches.py`) the resumed run ends with the adapters of an uninterrupted one.
