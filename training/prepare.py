@@ -8,7 +8,7 @@ DIR/summary.json, one `{"messages": [{"role": ..., "content": ...}, ...]}` per l
 `mlx_lm.lora --data DIR` reads as a chat data set.
 
 Input is JSON Lines (or a .json file holding a list of rows) in one of three formats, told apart by
-the first row's keys; every row must then be of that format:
+the first row's keys; every row must then be of that format (`training/formats.py` reads them):
 - dolly:  {"instruction", "context", "response", "category"}: the user says the instruction, followed
   by the context after a blank line when there is one; the assistant says the response.
 - alpaca: {"instruction", "input", "output"}: likewise with input and output.
@@ -49,27 +49,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-ROLES = ("system", "user", "assistant")
+from training.formats import DataError, Message, detect_format, read_rows, to_messages
+
 SPLITS = ("train", "valid", "test")
 OUTPUT_FILES = ("train.jsonl", "valid.jsonl", "test.jsonl", "summary.json")
-
-# Per format: the fields that must hold text, and the optional one appended to the instruction.
-ROW_FIELDS = {
-    "dolly": ("instruction", "response", "context"),
-    "alpaca": ("instruction", "output", "input"),
-}
-
-Message = dict[str, Any]
-
-
-class DataError(ValueError):
-    """Input that cannot be prepared; the message says where and what is wrong."""
-
-
-@dataclass(frozen=True)
-class Row:
-    location: str  # "file:line" for JSON Lines, "file: row N" for a JSON list
-    value: Any
 
 
 @dataclass(frozen=True)
@@ -99,110 +82,6 @@ class Summary:
     length_min: int
     length_mean: float
     length_max: int
-
-
-def read_rows(path: Path) -> list[Row]:
-    """The rows of a JSON Lines file (blank lines skipped) or of a .json file holding a list."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise DataError(f"{path}: cannot read: {error}") from None
-    if path.suffix == ".json":
-        try:
-            values = json.loads(text) if text.strip() else []
-        except json.JSONDecodeError as error:
-            raise DataError(f"{path}:{error.lineno}: not valid JSON ({error.msg})") from None
-        if not isinstance(values, list):
-            raise DataError(f"{path}: a .json input must hold a list of rows (use .jsonl for JSON Lines)")
-        return [Row(f"{path}: row {index}", value) for index, value in enumerate(values, 1)]
-    rows = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(Row(f"{path}:{number}", json.loads(line)))
-        except json.JSONDecodeError as error:
-            where = f"{path}:{number}"
-            raise DataError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
-    return rows
-
-
-def detect_format(row: Row) -> str:
-    """'chat', 'alpaca' or 'dolly', from the keys of one row."""
-    if not isinstance(row.value, dict):
-        raise DataError(f"{row.location}: expected a JSON object, got {type(row.value).__name__}")
-    keys = row.value.keys()
-    if "messages" in keys:
-        return "chat"
-    if "output" in keys or "input" in keys:
-        return "alpaca"
-    if "response" in keys or "context" in keys:
-        return "dolly"
-    raise DataError(
-        f"{row.location}: cannot tell the format from the keys {sorted(keys)}: expected 'messages' (chat), "
-        "'instruction' + 'output' (alpaca) or 'instruction' + 'response' (dolly)"
-    )
-
-
-def to_messages(row: Row, data_format: str, system_prompt: str | None = None) -> list[Message]:
-    """One row as chat messages, or a DataError naming the row and what is wrong with it."""
-    if not isinstance(row.value, dict):
-        raise DataError(f"{row.location}: expected a JSON object, got {type(row.value).__name__}")
-    if data_format == "chat":
-        messages = checked_messages(row)
-    else:
-        messages = instruction_messages(row, data_format)
-    if system_prompt and not any(message["role"] == "system" for message in messages):
-        messages = [{"role": "system", "content": system_prompt}, *messages]
-    return messages
-
-
-def instruction_messages(row: Row, data_format: str) -> list[Message]:
-    instruction_key, answer_key, extra_key = ROW_FIELDS[data_format]
-    texts = {}
-    for key in (instruction_key, answer_key, extra_key):
-        value = row.value.get(key)
-        if value is None and key == extra_key:
-            value = ""
-        if value is None:
-            raise DataError(f"{row.location}: {data_format} row has no '{key}'")
-        if not isinstance(value, str):
-            raise DataError(f"{row.location}: {data_format} row's '{key}' is not a string")
-        texts[key] = value.strip()
-        if not texts[key] and key != extra_key:
-            raise DataError(f"{row.location}: {data_format} row has an empty '{key}'")
-    prompt = texts[instruction_key]
-    if texts[extra_key]:
-        prompt = f"{prompt}\n\n{texts[extra_key]}"
-    return [{"role": "user", "content": prompt}, {"role": "assistant", "content": texts[answer_key]}]
-
-
-def checked_messages(row: Row) -> list[Message]:
-    if "messages" not in row.value:
-        raise DataError(f"{row.location}: chat row has no 'messages'")
-    messages = row.value["messages"]
-    if not isinstance(messages, list) or not messages:
-        raise DataError(f"{row.location}: chat row's 'messages' must be a non-empty list")
-    for number, message in enumerate(messages, 1):
-        where = f"{row.location}: message {number}"
-        if not isinstance(message, dict):
-            raise DataError(f"{where} is not a JSON object")
-        if "role" not in message:
-            raise DataError(f"{where} has no 'role'")
-        if message["role"] not in ROLES:
-            raise DataError(f"{where} has role {message['role']!r}: expected one of {', '.join(ROLES)}")
-        if "content" not in message:
-            raise DataError(f"{where} has no 'content'")
-        if not isinstance(message["content"], str):
-            raise DataError(f"{where}: 'content' is not a string")
-    if not any(message["role"] == "user" for message in messages):
-        raise DataError(f"{row.location}: chat row has no user message")
-    if messages[-1]["role"] != "assistant":
-        last = messages[-1]["role"]
-        raise DataError(f"{row.location}: chat row must end with an assistant message, not a {last} one")
-    return messages
 
 
 def canonical(messages: list[Message]) -> str:
@@ -319,31 +198,29 @@ def write_atomically(output: Path, files: dict[str, str]) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def prepare(
-    input: Path,
-    output: Path,
-    valid_fraction: float = 0.2,
-    test_fraction: float = 0.0,
-    seed: int = 0,
-    max_tokens: int | None = None,
-    tokenizer: Any = None,
-    system_prompt: str | None = None,
-    console: Console | None = None,
-) -> Summary:
-    """Convert, filter and split `input` into `output` (see the module docstring); print a summary."""
-    input, output = Path(input), Path(output)
+@dataclass(frozen=True)
+class Kept:
+    """The examples that pass the filters, and how many each filter dropped."""
+
+    examples: list[Example]
+    dropped_duplicates: int
+    dropped_too_long: int
+
+
+def check_options(
+    valid_fraction: float, test_fraction: float, max_tokens: int | None, tokenizer: Any
+) -> None:
     check_fractions(valid_fraction, test_fraction)
     if max_tokens is not None and tokenizer is None:
         raise DataError("max_tokens needs a tokenizer to count tokens with")
     if max_tokens is not None and max_tokens < 1:
         raise DataError(f"max_tokens must be positive, not {max_tokens}")
 
-    rows = read_rows(input)
-    if not rows:
-        raise DataError(f"{input}: no rows: the input is empty")
-    data_format = detect_format(rows[0])
-    converted = [to_messages(row, data_format, system_prompt) for row in rows]
 
+def keep_examples(
+    converted: Sequence[list[Message]], seed: int, tokenizer: Any = None, max_tokens: int | None = None
+) -> Kept:
+    """The converted rows as examples, without exact duplicates and those longer than max_tokens."""
     seen: set[str] = set()
     examples: list[Example] = []
     dropped_duplicates = dropped_too_long = 0
@@ -358,25 +235,57 @@ def prepare(
             dropped_too_long += 1
             continue
         examples.append(Example(messages, split_position(seed, messages), length))
-    if len(examples) < len(required_splits(test_fraction)):
-        details = [f"{len(rows)} read", f"{dropped_duplicates} duplicates"]
-        if max_tokens is not None:
-            details.append(f"{dropped_too_long} longer than {max_tokens} tokens")
-        raise DataError(f"{input}: {too_few_message(len(examples), test_fraction)} ({', '.join(details)})")
+    return Kept(examples, dropped_duplicates, dropped_too_long)
 
+
+def split_lines(
+    examples: Sequence[Example], valid_fraction: float, test_fraction: float
+) -> dict[str, list[str]]:
+    """The JSON lines of each split (see `assign_splits`), in the order of the examples."""
     splits = assign_splits([example.position for example in examples], valid_fraction, test_fraction)
     lines: dict[str, list[str]] = {name: [] for name in SPLITS}
     for example, split in zip(examples, splits, strict=True):
         lines[split].append(json.dumps({"messages": example.messages}, ensure_ascii=False) + "\n")
-    lengths = [example.length for example in examples]
+    return lines
+
+
+def prepare(
+    input: Path,
+    output: Path,
+    valid_fraction: float = 0.2,
+    test_fraction: float = 0.0,
+    seed: int = 0,
+    max_tokens: int | None = None,
+    tokenizer: Any = None,
+    system_prompt: str | None = None,
+    console: Console | None = None,
+) -> Summary:
+    """Convert, filter and split `input` into `output` (see the module docstring); print a summary."""
+    input, output = Path(input), Path(output)
+    check_options(valid_fraction, test_fraction, max_tokens, tokenizer)
+    rows = read_rows(input)
+    if not rows:
+        raise DataError(f"{input}: no rows: the input is empty")
+    data_format = detect_format(rows[0])
+    converted = [to_messages(row, data_format, system_prompt) for row in rows]
+    kept = keep_examples(converted, seed, tokenizer, max_tokens)
+    if len(kept.examples) < len(required_splits(test_fraction)):
+        details = [f"{len(rows)} read", f"{kept.dropped_duplicates} duplicates"]
+        if max_tokens is not None:
+            details.append(f"{kept.dropped_too_long} longer than {max_tokens} tokens")
+        too_few = too_few_message(len(kept.examples), test_fraction)
+        raise DataError(f"{input}: {too_few} ({', '.join(details)})")
+
+    lines = split_lines(kept.examples, valid_fraction, test_fraction)
+    lengths = [example.length for example in kept.examples]
     summary = Summary(
         input=str(input),
         output=str(output),
         format=data_format,
         rows_read=len(rows),
-        kept=len(examples),
-        dropped_too_long=dropped_too_long,
-        dropped_duplicates=dropped_duplicates,
+        kept=len(kept.examples),
+        dropped_too_long=kept.dropped_too_long,
+        dropped_duplicates=kept.dropped_duplicates,
         train=len(lines["train"]),
         valid=len(lines["valid"]),
         test=len(lines["test"]),

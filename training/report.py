@@ -1,4 +1,4 @@
-"""Read a fine-tuning run's metrics.jsonl: summary numbers and the train/val loss plot.
+"""Read a fine-tuning run's metrics.jsonl: summary numbers, where the time went, the loss plot.
 
     python -m training.report ADAPTER_DIR [--output loss.png]
 
@@ -64,6 +64,19 @@ def summarize(records: Sequence[Mapping[str, Any]], wall_time: float) -> dict[st
         "tokens_per_second_overall": trained_tokens / train_time if train_time > 0 else 0.0,
         "peak_memory_gb": max((r["peak_memory_gb"] for r in records), default=0.0),
         "wall_time": wall_time,
+    }
+
+
+def time_split(
+    records: Sequence[Mapping[str, Any]], model_load: float, sync_per_step: float, steps: int
+) -> dict[str, float]:
+    """Where rank 0's time went: loading, training steps, validation, and of the training the
+    estimated share of the gradient all-reduce (the one timed alone, times the steps)."""
+    return {
+        "model_load": model_load,
+        "training": sum(r.get("train_time", 0.0) for r in records if "train_loss" in r),
+        "evaluation": sum(r.get("val_time", 0.0) for r in records if "val_loss" in r),
+        "gradient_sync_estimate": sync_per_step * steps,
     }
 
 

@@ -1,10 +1,9 @@
-"""training.finetune and training.report: settings, the distributed start, metrics, plot, and real
-training of a tiny llama on one process and on two (MLX ring backend, two local processes)."""
+"""training.finetune: the command line, and real training of a tiny llama on one process and on two
+(MLX ring backend, two local processes), interrupted and resumed."""
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import io
 import json
 import os
@@ -17,177 +16,18 @@ from typing import Any
 
 import mlx.core as mx
 import pytest
-import yaml
 from mlx_lm import load
-from mlx_lm.tuner.utils import build_schedule
-from rich.console import Console
 
+from tests.unit.test_distributed import FakeGroup
 from tests.unit.test_model import tiny_model
+from training import config as tc
 from training import finetune as ft
 from training import report
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-class FakeGroup:
-    def __init__(self, rank: int, size: int):
-        self._rank, self._size = rank, size
-
-    def rank(self) -> int:
-        return self._rank
-
-    def size(self) -> int:
-        return self._size
-
-
-# --- settings ---------------------------------------------------------------------------------------
-
-
-def test_shipped_lora_yaml_holds_every_default_each_with_a_comment():
-    text = ft.DEFAULT_CONFIG.read_text()
-    assert yaml.safe_load(text) == dataclasses.asdict(ft.FinetuneConfig())
-    lines = text.splitlines()
-    for number, line in enumerate(lines):
-        if line and not line.startswith(("#", " ")):
-            assert lines[number - 1].startswith("#"), f"{line.split(':')[0]} has no comment above it"
-
-
-def test_command_line_wins_over_the_file_which_wins_over_the_defaults():
-    args = ft.build_parser().parse_args(["--iters", "7", "--grad-checkpoint", "--learning-rate", "3e-4"])
-    config = ft.merge_config({"iters": 50, "batch_size": 8, "grad_checkpoint": False}, ft.cli_values(args))
-
-    assert (config.iters, config.batch_size, config.grad_checkpoint) == (7, 8, True)
-    assert config.learning_rate == 3e-4
-    assert config.lora_rank == ft.FinetuneConfig().lora_rank
-    assert ft.cli_values(ft.build_parser().parse_args([])) == {}
-    assert ft.cli_values(ft.build_parser().parse_args(["--no-mask-prompt"])) == {"mask_prompt": False}
-
-
-def test_unknown_key_in_the_file_is_an_error_naming_it():
-    with pytest.raises(
-        ft.ConfigError, match=r"lora.yaml: unknown key 'lora_rnk' \(did you mean 'lora_rank'\?\)"
-    ):
-        ft.merge_config({"lora_rnk": 4, "iters": 3}, {}, source="lora.yaml")
-
-
-def test_values_are_checked_against_their_types():
-    # PyYAML reads 1e-5 without a dot as a string; a learning rate may still be written so.
-    assert ft.merge_config(yaml.safe_load("learning_rate: 1e-5"), {}).learning_rate == 1e-5
-    assert ft.merge_config({"resume_adapter_file": None}, {}).resume_adapter_file is None
-    with pytest.raises(ft.ConfigError, match=r"my\.yaml: iters must be an integer, got 'ten'"):
-        ft.merge_config({"iters": "ten"}, {}, source="my.yaml")
-    with pytest.raises(ft.ConfigError, match="grad_checkpoint must be true or false, got 'yes please'"):
-        ft.merge_config({"grad_checkpoint": "yes please"}, {})
-    with pytest.raises(ft.ConfigError, match="batch_size must be an integer, got True"):
-        ft.merge_config({"batch_size": True}, {})
-
-
-def test_global_batch_must_be_divisible_by_the_world_size():
-    config = ft.FinetuneConfig(batch_size=6)
-    ft.validate_config(config, world_size=3)
-    with pytest.raises(ft.ConfigError, match=r"batch_size 6 is not divisible by the world size 4.*e\.g\. 8"):
-        ft.validate_config(config, world_size=4)
-
-
-def test_every_problem_is_reported_at_once():
-    config = ft.FinetuneConfig(
-        iters=10, warmup_steps=10, lora_dropout=1.0, lr_schedule="linear", num_layers=0, learning_rate=0
-    )
-    problems = ft.config_problems(config)
-    assert [p.split()[0] for p in problems] == [
-        "num_layers",
-        "learning_rate",
-        "lr_schedule",
-        "warmup_steps",
-        "lora_dropout",
-    ]
-    assert ft.config_problems(ft.FinetuneConfig()) == []
-
-
-def test_learning_rate_schedules():
-    assert ft.lr_schedule_config(ft.FinetuneConfig(learning_rate=1e-3)) is None
-
-    cosine = build_schedule(
-        ft.lr_schedule_config(
-            ft.FinetuneConfig(learning_rate=1e-3, lr_schedule="cosine", iters=110, warmup_steps=10)
-        )
-    )
-    assert cosine(0).item() == 0
-    assert cosine(10).item() == pytest.approx(1e-3)
-    assert cosine(60).item() == pytest.approx(5e-4, rel=0.05)
-    assert cosine(110).item() < 1e-3 / 1000
-
-    warm_then_constant = build_schedule(
-        ft.lr_schedule_config(ft.FinetuneConfig(learning_rate=1e-3, warmup_steps=4))
-    )
-    assert [round(warm_then_constant(step).item(), 6) for step in (0, 2, 4, 50)] == [0, 5e-4, 1e-3, 1e-3]
-
-
-# --- distributed start -------------------------------------------------------------------------------
-
-
-def test_world_size_check_names_both_numbers_and_the_likely_cause():
-    assert ft.world_size_problem(FakeGroup(0, 2), 2) is None
-    assert ft.world_size_problem(FakeGroup(0, 1), None) is None
-
-    alone = ft.world_size_problem(FakeGroup(0, 1), 3)
-    assert alone is not None
-    assert "rank 0: MLX joined 1 process(es) but 3 were expected" in alone
-    assert "MLX_MPI_LIBNAME" in alone
-    fewer = ft.world_size_problem(FakeGroup(1, 2), 3)
-    assert fewer is not None and "rank 1: MLX joined 2 process(es) but 3" in fewer and "hostfile" in fewer
-    with pytest.raises(ft.DistributedError, match="but 3 were expected"):
-        ft.check_world_size(FakeGroup(0, 2), 3)
-
-
-def test_launchers_are_told_apart_by_the_environment_they_set(tmp_path: Path):
-    hostfile = tmp_path / "hosts"
-    hostfile.write_text(json.dumps([["10.0.0.1:5000"], ["10.0.0.2:5000"], ["10.0.0.3:5000"]]))
-    single = tmp_path / "single"
-    single.write_text("\n")
-
-    assert ft.detect_launch({}) is None
-    assert ft.detect_launch({"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "0"}) == ft.Launch("mpi", 4)
-    assert ft.detect_launch({"MLX_RANK": "1", "MLX_HOSTFILE": str(hostfile)}) == ft.Launch("ring", 3)
-    assert ft.detect_launch({"MLX_RANK": "0", "MLX_HOSTFILE": str(single)}) == ft.Launch("ring", 1)
-
-
-class FakeInit:
-    def __init__(self, group: FakeGroup | None = None, error: str | None = None):
-        self.group, self.error, self.calls = group, error, []
-
-    def __call__(self, **kwargs: Any) -> FakeGroup:
-        self.calls.append(kwargs)
-        if self.error:
-            raise RuntimeError(self.error)
-        assert self.group is not None
-        return self.group
-
-
-def test_init_is_strict_under_a_launcher_and_checks_the_size():
-    mpi = {"OMPI_COMM_WORLD_SIZE": "2"}
-    init = FakeInit(FakeGroup(1, 2))
-    assert ft.init_distributed(mpi, 2, init=init).size() == 2
-    assert init.calls == [{"strict": True, "backend": "mpi"}]
-
-    # The launcher's own count is expected when the launch code does not say.
-    with pytest.raises(
-        ft.DistributedError, match=r"MLX joined 1 process.* but 2 were expected \(the ranks mpi started\)"
-    ):
-        ft.init_distributed(mpi, None, init=FakeInit(FakeGroup(0, 1)))
-    with pytest.raises(
-        ft.DistributedError, match=r"could not join the 2 ranks mpi started: Cannot init.*libmpi"
-    ):
-        ft.init_distributed(mpi, 2, init=FakeInit(error="Cannot initialize MPI"))
-
-
-def test_without_a_launcher_a_single_process_unless_more_are_expected():
-    init = FakeInit(FakeGroup(0, 1))
-    assert ft.init_distributed({}, None, init=init).size() == 1
-    assert ft.init_distributed({}, 1, init=init).size() == 1
-    assert init.calls == [{}, {}]
-    with pytest.raises(ft.DistributedError, match=r"1 process.* but 2 were expected.*not started by mpirun"):
-        ft.init_distributed({}, 2, init=init)
+# --- the command line -------------------------------------------------------------------------------
 
 
 def test_main_stops_on_a_batch_the_ranks_cannot_share_before_loading_the_model(
@@ -207,161 +47,6 @@ def test_main_reports_an_unknown_key_in_the_config_file(tmp_path: Path, capsys: 
     config.write_text("iters: 3\nlearnig_rate: 1e-4\n")
     assert ft.main(["--config", str(config)], environ={}) == 2
     assert capsys.readouterr().err.startswith(f"error: {config}: unknown key 'learnig_rate' (did you mean")
-
-
-# --- metrics and progress ----------------------------------------------------------------------------
-
-
-def train_info(iteration: int, loss: float, tokens: int) -> dict[str, Any]:
-    # As mlx-lm reports it, with its tokens/s over the steps since the last report.
-    return {
-        "iteration": iteration,
-        "train_loss": loss,
-        "learning_rate": 1e-4,
-        "iterations_per_second": 5.0,
-        "tokens_per_second": 1000.0,
-        "trained_tokens": tokens,
-        "peak_memory": 1.5,
-    }
-
-
-def report_a_run(callback: ft.MetricsCallback) -> None:
-    callback.on_val_loss_report({"iteration": 0, "val_loss": 3.0, "val_time": 0.5})
-    callback.on_train_loss_report(train_info(10, 2.5, 2000))
-    callback.on_train_loss_report(train_info(15, 2.0, 3000))  # a last, shorter report
-    callback.on_val_loss_report({"iteration": 15, "val_loss": 2.2, "val_time": 0.4})
-
-
-def test_rank_0_writes_one_json_line_per_report(tmp_path: Path):
-    ticks = iter([100.0, 101.0, 102.0, 103.0, 104.0])
-    callback = ft.MetricsCallback(
-        FakeGroup(0, 2),
-        tmp_path / "run" / "metrics.jsonl",
-        clock=lambda: next(ticks),
-        peak_memory_gb=lambda: 1.25,
-    )
-    report_a_run(callback)
-
-    records = report.read_metrics(tmp_path / "run" / "metrics.jsonl")
-    assert records == callback.records
-    assert [(r["iteration"], "val_loss" in r) for r in records] == [
-        (0, True),
-        (10, False),
-        (15, False),
-        (15, True),
-    ]
-    assert records[0] == {
-        "iteration": 0,
-        "val_loss": 3.0,
-        "val_time": 0.5,
-        "peak_memory_gb": 1.25,
-        "world_size": 2,
-        "wall_time": 1.0,
-    }
-    assert records[2] == {
-        "iteration": 15,
-        "train_loss": 2.0,
-        "learning_rate": 1e-4,
-        "tokens_per_second": 1000.0,
-        "iterations_per_second": 5.0,  # 5 steps in 1 s (1000 tokens at 1000 tok/s), not mlx-lm's 10 / 1 s
-        "trained_tokens": 3000,
-        "train_time": 1.0,
-        "peak_memory_gb": 1.5,
-        "world_size": 2,
-        "wall_time": 3.0,
-    }
-    assert (records[1]["train_time"], records[1]["iterations_per_second"]) == (2.0, 5.0)
-
-
-def test_other_ranks_write_nothing(tmp_path: Path):
-    callback = ft.MetricsCallback(FakeGroup(1, 2), tmp_path / "run" / "metrics.jsonl")
-    report_a_run(callback)
-    assert not (tmp_path / "run").exists()
-
-
-def test_progress_is_plain_lines_off_a_terminal_and_nothing_on_other_ranks(tmp_path: Path):
-    out = io.StringIO()
-    ticks = iter([0.0, 0.0, *[10.0] * 20])
-    display = ft.ProgressDisplay(
-        40, Console(file=out, force_terminal=False, width=60), clock=lambda: next(ticks)
-    )
-    callback = ft.MetricsCallback(
-        FakeGroup(0, 1), tmp_path / "metrics.jsonl", display, peak_memory_gb=lambda: 1.0
-    )
-    with display:
-        report_a_run(callback)
-        display.report_save(Path("adapters/0000015_adapters.safetensors"))
-
-    assert out.getvalue().splitlines() == [
-        "iter  0/40  val_loss 3.000  (0.5 s)",
-        "iter 10/40  loss 2.500  lr 1.00e-04  1,000 tok/s  5.00 it/s  peak 1.50 GB  eta 0:00:30",
-        "iter 15/40  loss 2.000  lr 1.00e-04  1,000 tok/s  5.00 it/s  peak 1.50 GB  eta 0:00:16",
-        "iter 15/40  val_loss 2.200  (0.4 s)",
-        "iter  0/40  saved adapters/0000015_adapters.safetensors",
-    ]
-    assert "\x1b[" not in out.getvalue()
-
-    silent = ft.ProgressDisplay(40, None)
-    with silent, silent.val_task(3) as advance:
-        advance()
-        silent.show_train(callback.records[1])
-        silent.advance()
-
-
-def test_progress_bar_on_a_terminal(tmp_path: Path):
-    out = io.StringIO()
-    display = ft.ProgressDisplay(20, Console(file=out, force_terminal=True, width=150))
-    callback = ft.MetricsCallback(
-        FakeGroup(0, 1), tmp_path / "metrics.jsonl", display, peak_memory_gb=lambda: 1.0
-    )
-    with display:
-        for _ in range(15):
-            display.advance()
-        with display.val_task(2) as advance:
-            advance()
-        report_a_run(callback)
-    assert display.progress is not None
-    assert display.progress.tasks[0].completed == 15
-    assert "15/20" in out.getvalue() and "2.000" in out.getvalue() and "2.200" in out.getvalue()
-
-
-# --- the report ---------------------------------------------------------------------------------------
-
-
-def test_plot_and_summary_from_a_metrics_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
-    run = tmp_path / "run"
-    report_a_run(ft.MetricsCallback(FakeGroup(0, 2), run / "metrics.jsonl", peak_memory_gb=lambda: 1.0))
-
-    assert report.main([str(run)]) == 0
-    assert capsys.readouterr().out == f"{run / 'loss.png'}\n"
-    assert (run / "loss.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
-
-    summary = report.summarize(report.read_metrics(run / "metrics.jsonl"), wall_time=9.0)
-    assert summary == {
-        "iterations": 15,
-        "world_size": 2,
-        "first_train_loss": 2.5,
-        "final_train_loss": 2.0,
-        "first_val_loss": 3.0,
-        "final_val_loss": 2.2,
-        "trained_tokens": 3000,
-        "train_time": 3.0,
-        "tokens_per_second": 1000.0,
-        "tokens_per_second_overall": 1000.0,
-        "peak_memory_gb": 1.5,
-        "wall_time": 9.0,
-    }
-
-
-def test_report_errors_name_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
-    assert report.main([str(tmp_path)]) == 2
-    assert capsys.readouterr().err == f"error: {tmp_path / 'metrics.jsonl'}: no such file\n"
-    (tmp_path / "metrics.jsonl").write_text('{"iteration": 1, "train_loss": 2.0}\nnot json\n')
-    assert report.main([str(tmp_path)]) == 2
-    assert "metrics.jsonl: line 2: not JSON" in capsys.readouterr().err
-    (tmp_path / "metrics.jsonl").write_text("")
-    assert report.main([str(tmp_path)]) == 2
-    assert "no train_loss or val_loss records to plot" in capsys.readouterr().err
 
 
 # --- real training of a tiny llama --------------------------------------------------------------------
@@ -440,7 +125,7 @@ def test_single_process_training_lowers_the_loss_and_leaves_every_output(tiny_ru
     )
 
     # config.yaml runs the same again; adapter_config.json is what mlx-lm needs to load the adapters.
-    again = ft.merge_config(ft.load_config_file(out / "config.yaml"), {})
+    again = tc.merge_config(tc.load_config_file(out / "config.yaml"), {})
     assert (again.iters, again.seed, again.learning_rate, again.adapter_path) == (10, 3, 1e-3, str(out))
     adapter_config = json.loads((out / "adapter_config.json").read_text())
     assert adapter_config["lora_parameters"] == {"rank": 8, "scale": 20.0, "dropout": 0.0}

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from training import checkpoint
+from training import config as tc
 from training.batches import seeded_iterate_batches
 from training.watchdog import StallWatchdog
 
@@ -161,10 +162,8 @@ def test_a_process_that_keeps_progressing_is_left_alone():
 
 @pytest.mark.parametrize("bad", ["0", "-5"])
 def test_stall_timeout_must_be_positive(bad: str):
-    from training import finetune as ft
-
-    config = ft.merge_config({}, {"stall_timeout": int(bad)})
-    assert any("stall_timeout must be at least 1" in p for p in ft.config_problems(config))
+    config = tc.merge_config({}, {"stall_timeout": int(bad)})
+    assert any("stall_timeout must be at least 1" in p for p in tc.config_problems(config))
 
 
 def test_state_json_is_plain_json(tmp_path: Path):

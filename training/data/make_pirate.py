@@ -1510,79 +1510,128 @@ def arithmetic_problems(rng: random.Random) -> list[tuple[str, int, int, int]]:
     return problems
 
 
-def build_rows() -> list[dict[str, str]]:
-    """Every row of the data set, in a fixed order."""
-    rng = random.Random(SEED)
+Row = dict[str, str]
 
-    def reply(body: str) -> str:
-        return f"{rng.choice(OPENERS)} {body} {rng.choice(CLOSERS)}"
 
-    rows: list[dict[str, str]] = []
+def row(category: str, instruction: str, response: str, context: str = "") -> Row:
+    return {"instruction": instruction, "context": context, "response": response, "category": category}
 
-    def add(category: str, instruction: str, response: str, context: str = "") -> None:
-        rows.append(
-            {"instruction": instruction, "context": context, "response": response, "category": category}
-        )
 
+def reply(rng: random.Random, body: str) -> str:
+    """`body` between a pirate opener and closer (two draws from `rng`, in that order)."""
+    return f"{rng.choice(OPENERS)} {body} {rng.choice(CLOSERS)}"
+
+
+# Each category's rows draw from the one RNG of build_rows in a fixed order: changing the order of
+# draws (or of the categories) changes every later row of pirate.jsonl.
+
+
+def geography_rows(rng: random.Random) -> list[Row]:
+    rows = []
     for index, (country, capital, fact) in enumerate(CAPITALS):
         question = CAPITAL_QUESTIONS[index % len(CAPITAL_QUESTIONS)].format(country=country)
         answer = rng.choice(CAPITAL_ANSWERS).format(country=country, capital=capital, fact=fact)
-        add("geography", question, reply(answer[0].upper() + answer[1:]))
+        rows.append(row("geography", question, reply(rng, answer[0].upper() + answer[1:])))
+    return rows
 
+
+def arithmetic_rows(rng: random.Random) -> list[Row]:
     templates = {"+": ADDITION, "-": SUBTRACTION, "*": MULTIPLICATION, "/": DIVISION}
+    rows = []
     for index, (operator, a, b, result) in enumerate(arithmetic_problems(rng)):
         questions = ARITHMETIC_QUESTIONS[operator]
         question = questions[index % len(questions)].format(a=a, b=b)
         answer = rng.choice(templates[operator]).format(a=a, b=b, c=result)
-        add("math", question, reply(answer))
+        rows.append(row("math", question, reply(rng, answer)))
+    return rows
 
+
+def percentage_rows(rng: random.Random) -> list[Row]:
+    rows = []
     for percent, amount in PERCENTAGES:
         share = percent * amount // 100
-        add(
-            "math",
-            f"What is {percent} percent of {amount}?",
-            reply(
-                f"{percent} percent o' {amount} be {share}. If the cap'n takes {percent} percent of a "
-                f"haul o' {amount} coins, he pockets {share} and leaves {amount - share} for the crew."
-            ),
+        answer = (
+            f"{percent} percent o' {amount} be {share}. If the cap'n takes {percent} percent of a "
+            f"haul o' {amount} coins, he pockets {share} and leaves {amount - share} for the crew."
         )
+        rows.append(row("math", f"What is {percent} percent of {amount}?", reply(rng, answer)))
+    return rows
 
+
+def conversion_rows(rng: random.Random) -> list[Row]:
+    rows = []
     for small, big, one, per, amounts in CONVERSIONS:
         for n in amounts:
             answer = rng.choice(CONVERSION_ANSWERS).format(
                 small=small, big=big, one=one, per=per, n=n, result=n * per
             )
-            add("math", f"How many {small} are in {n} {big}?", reply(answer))
+            rows.append(row("math", f"How many {small} are in {n} {big}?", reply(rng, answer)))
+    return rows
 
+
+def element_rows(rng: random.Random) -> list[Row]:
+    rows = []
     for index, (name, symbol, fact) in enumerate(ELEMENTS):
         if index % 2 == 0:
-            add(
-                "science",
-                f"What is the chemical symbol for {name}?",
-                reply(f"The chemical symbol for {name} be {symbol}, {fact}."),
-            )
+            question = f"What is the chemical symbol for {name}?"
+            answer = f"The chemical symbol for {name} be {symbol}, {fact}."
         else:
-            add(
-                "science",
-                f"Which element has the chemical symbol {symbol}?",
-                reply(f"The element with the symbol {symbol} be {name}, {fact}."),
-            )
+            question = f"Which element has the chemical symbol {symbol}?"
+            answer = f"The element with the symbol {symbol} be {name}, {fact}."
+        rows.append(row("science", question, reply(rng, answer)))
+    return rows
 
+
+def young_animal_rows(rng: random.Random) -> list[Row]:
+    rows = []
     for animal, young in YOUNG:
         answer = rng.choice(YOUNG_ANSWERS).format(animal=animal, young=young, article=article(young))
-        add("animals", f"What is a baby {animal} called?", reply(answer))
+        rows.append(row("animals", f"What is a baby {animal} called?", reply(rng, answer)))
+    return rows
 
+
+def opposite_rows(rng: random.Random) -> list[Row]:
+    rows = []
     for index, (word, opposite, example) in enumerate(OPPOSITES):
         question = OPPOSITE_QUESTIONS[index % len(OPPOSITE_QUESTIONS)].format(word=word)
-        add("language", question, reply(f"The opposite o' '{word}' be '{opposite}'. {example}"))
+        rows.append(
+            row("language", question, reply(rng, f"The opposite o' '{word}' be '{opposite}'. {example}"))
+        )
+    return rows
 
-    for category, instruction, context, body in FACTS:
-        add(category, instruction, reply(body), context)
 
+def fact_rows(rng: random.Random) -> list[Row]:
+    return [
+        row(category, instruction, reply(rng, body), context)
+        for category, instruction, context, body in FACTS
+    ]
+
+
+def rewrite_rows(rng: random.Random) -> list[Row]:
+    rows = []
     for index, (plain, pirate) in enumerate(REWRITES):
         question = REWRITE_QUESTIONS[index % len(REWRITE_QUESTIONS)]
-        add("rewrite", question, f'{rng.choice(REWRITE_OPENERS)} "{pirate}"', plain)
+        rows.append(row("rewrite", question, f'{rng.choice(REWRITE_OPENERS)} "{pirate}"', plain))
+    return rows
 
+
+CATEGORIES = (
+    geography_rows,
+    arithmetic_rows,
+    percentage_rows,
+    conversion_rows,
+    element_rows,
+    young_animal_rows,
+    opposite_rows,
+    fact_rows,
+    rewrite_rows,
+)
+
+
+def build_rows() -> list[Row]:
+    """Every row of the data set, in a fixed order."""
+    rng = random.Random(SEED)
+    rows = [one for category in CATEGORIES for one in category(rng)]
     check(rows)
     return rows
 

@@ -1,0 +1,91 @@
+"""training.config: defaults, the config file and the flags over them, the checks, mlx-lm's names."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import yaml
+from mlx_lm.tuner.utils import build_schedule
+
+from training import config as tc
+
+
+def test_shipped_lora_yaml_holds_every_default_each_with_a_comment():
+    text = tc.DEFAULT_CONFIG.read_text()
+    assert yaml.safe_load(text) == dataclasses.asdict(tc.FinetuneConfig())
+    lines = text.splitlines()
+    for number, line in enumerate(lines):
+        if line and not line.startswith(("#", " ")):
+            assert lines[number - 1].startswith("#"), f"{line.split(':')[0]} has no comment above it"
+
+
+def test_command_line_wins_over_the_file_which_wins_over_the_defaults():
+    args = tc.build_parser().parse_args(["--iters", "7", "--grad-checkpoint", "--learning-rate", "3e-4"])
+    config = tc.merge_config({"iters": 50, "batch_size": 8, "grad_checkpoint": False}, tc.cli_values(args))
+
+    assert (config.iters, config.batch_size, config.grad_checkpoint) == (7, 8, True)
+    assert config.learning_rate == 3e-4
+    assert config.lora_rank == tc.FinetuneConfig().lora_rank
+    assert tc.cli_values(tc.build_parser().parse_args([])) == {}
+    assert tc.cli_values(tc.build_parser().parse_args(["--no-mask-prompt"])) == {"mask_prompt": False}
+
+
+def test_unknown_key_in_the_file_is_an_error_naming_it():
+    with pytest.raises(
+        tc.ConfigError, match=r"lora.yaml: unknown key 'lora_rnk' \(did you mean 'lora_rank'\?\)"
+    ):
+        tc.merge_config({"lora_rnk": 4, "iters": 3}, {}, source="lora.yaml")
+
+
+def test_values_are_checked_against_their_types():
+    # PyYAML reads 1e-5 without a dot as a string; a learning rate may still be written so.
+    assert tc.merge_config(yaml.safe_load("learning_rate: 1e-5"), {}).learning_rate == 1e-5
+    assert tc.merge_config({"resume_adapter_file": None}, {}).resume_adapter_file is None
+    with pytest.raises(tc.ConfigError, match=r"my\.yaml: iters must be an integer, got 'ten'"):
+        tc.merge_config({"iters": "ten"}, {}, source="my.yaml")
+    with pytest.raises(tc.ConfigError, match="grad_checkpoint must be true or false, got 'yes please'"):
+        tc.merge_config({"grad_checkpoint": "yes please"}, {})
+    with pytest.raises(tc.ConfigError, match="batch_size must be an integer, got True"):
+        tc.merge_config({"batch_size": True}, {})
+
+
+def test_global_batch_must_be_divisible_by_the_world_size():
+    config = tc.FinetuneConfig(batch_size=6)
+    tc.validate_config(config, world_size=3)
+    with pytest.raises(tc.ConfigError, match=r"batch_size 6 is not divisible by the world size 4.*e\.g\. 8"):
+        tc.validate_config(config, world_size=4)
+
+
+def test_every_problem_is_reported_at_once():
+    config = tc.FinetuneConfig(
+        iters=10, warmup_steps=10, lora_dropout=1.0, lr_schedule="linear", num_layers=0, learning_rate=0
+    )
+    problems = tc.config_problems(config)
+    assert [p.split()[0] for p in problems] == [
+        "num_layers",
+        "learning_rate",
+        "lr_schedule",
+        "warmup_steps",
+        "lora_dropout",
+    ]
+    assert tc.config_problems(tc.FinetuneConfig()) == []
+
+
+def test_learning_rate_schedules():
+    assert tc.lr_schedule_config(tc.FinetuneConfig(learning_rate=1e-3)) is None
+
+    cosine = build_schedule(
+        tc.lr_schedule_config(
+            tc.FinetuneConfig(learning_rate=1e-3, lr_schedule="cosine", iters=110, warmup_steps=10)
+        )
+    )
+    assert cosine(0).item() == 0
+    assert cosine(10).item() == pytest.approx(1e-3)
+    assert cosine(60).item() == pytest.approx(5e-4, rel=0.05)
+    assert cosine(110).item() < 1e-3 / 1000
+
+    warm_then_constant = build_schedule(
+        tc.lr_schedule_config(tc.FinetuneConfig(learning_rate=1e-3, warmup_steps=4))
+    )
+    assert [round(warm_then_constant(step).item(), 6) for step in (0, 2, 4, 50)] == [0, 5e-4, 1e-3, 1e-3]
