@@ -436,7 +436,7 @@ def _fill_caches(mlx_requirements: list[str]) -> None:
           "--only-binary=:all:", *mlx_requirements, "pip", "setuptools", "wheel"], capture=True)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> None:
     """Command line used by CI scripts: ``python -m mlxcluster.lab up|down|status``."""
     import argparse
 
@@ -445,19 +445,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--lab", type=int, default=int(os.environ.get("MLX_LAB_ID", "0")))
     args = parser.parse_args(argv)
+    actions = {
+        "up": lambda: print(up(args.nodes, args.lab)),
+        "cache": prepare_offline_cache,
+        "down": lambda: down(args.lab),
+        "status": lambda: print(json.dumps(status(args.lab), indent=2)),
+    }
     try:
-        if args.action == "up":
-            print(up(args.nodes, args.lab))
-        elif args.action == "cache":
-            prepare_offline_cache()
-        elif args.action == "down":
-            down(args.lab)
-        else:
-            print(json.dumps(status(args.lab), indent=2))
+        actions[args.action]()
     except LabError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+        raise SystemExit(f"error: {exc}") from None
 
 
 if __name__ == "__main__":

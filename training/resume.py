@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from training.progress import ProgressDisplay
 # --- writing checkpoints --------------------------------------------------------------------------
 
 
+@dataclass
 class Checkpointer:
     """Writes a checkpoint (rank 0) at the first train report at or after every `save_every` steps.
 
@@ -39,26 +40,17 @@ class Checkpointer:
     (the trainer counts its steps from where it starts).
     """
 
-    def __init__(
-        self,
-        config: FinetuneConfig,
-        group: Any,
-        model: nn.Module,
-        optimizer: optim.Optimizer,
-        callback: MetricsCallback,
-        display: ProgressDisplay,
-        first_step: int,
-        data_digest: str,
-    ):
-        self.config = config
-        self.writes = group.rank() == 0
-        self.world_size = group.size()
-        self.model = model
-        self.optimizer = optimizer
-        self.callback = callback
-        self.display = display
-        self.data_digest = data_digest
-        self.due = (first_step // config.save_every + 1) * config.save_every
+    config: FinetuneConfig
+    group: Any
+    model: nn.Module
+    optimizer: optim.Optimizer
+    callback: MetricsCallback
+    display: ProgressDisplay
+    first_step: int
+    data_digest: str
+
+    def __post_init__(self) -> None:
+        self.due = (self.first_step // self.config.save_every + 1) * self.config.save_every
 
     def after_report(self, step: int) -> None:
         if step >= self.due:
@@ -66,7 +58,7 @@ class Checkpointer:
             self.due = (step // self.config.save_every + 1) * self.config.save_every
 
     def save(self, step: int) -> None:
-        if not self.writes:
+        if self.group.rank() != 0:
             return
         adapters = dict(tree_flatten(self.model.trainable_parameters()))
         path = checkpoint.save(
@@ -77,7 +69,7 @@ class Checkpointer:
             {
                 "trained_tokens": self.callback.trained_tokens,
                 "wall_time": self.callback.wall_time,
-                "world_size": self.world_size,
+                "world_size": self.group.size(),
                 "random_key": mx.random.state[0].tolist(),
                 "data_sha256": self.data_digest,
                 "settings": asdict(self.config),

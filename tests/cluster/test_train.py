@@ -43,6 +43,12 @@ def provisioned(lab_cluster: LabCluster, tmp_path_factory: pytest.TempPathFactor
         shutil.rmtree(paths.build_dir_for(cluster.inventory), ignore_errors=True)
 
 
+def finished_run(proc: subprocess.CompletedProcess[str]) -> Path:
+    """The run directory of an `invoke train` that must have succeeded."""
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return run_dir_of(proc.stdout)
+
+
 def run_dir_of(stdout: str) -> Path:
     """The runs/<id> directory named in the summary table `invoke train` prints."""
     return REPO / "runs" / next(line.split()[-1] for line in stdout.splitlines()
@@ -54,15 +60,12 @@ def test_train_runs_on_both_nodes_over_the_link_and_brings_results_back(provisio
     link_bytes = "cat /sys/class/net/bridge0/statistics/rx_bytes"
     before = int(provisioned.ssh(2, link_bytes).stdout)
 
-    proc = subprocess.run(
-        [INVOKE, "train", "-i", str(provisioned.inventory), "--model", str(model_dir),
-         "--data", str(data_dir), "--iters", "8", "--batch-size", "2", "--extra",
-         "--steps-per-report 2 --steps-per-eval 4 --val-batches 2 --num-layers 2 "
-         "--learning-rate 1e-3 --max-seq-length 512"],
-        cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = invoke_train(provisioned, "--model", str(model_dir), "--data", str(data_dir), "--iters", "8",
+                        "--batch-size", "2", "--extra",
+                        "--steps-per-report 2 --steps-per-eval 4 --val-batches 2 --num-layers 2 "
+                        "--learning-rate 1e-3 --max-seq-length 512")
+    run_dir = finished_run(proc)
     assert "training on 2 ranks (mpi)" in proc.stdout
-    run_dir = run_dir_of(proc.stdout)
     try:
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["world_size"] == 2
@@ -83,14 +86,10 @@ def test_train_runs_on_both_nodes_over_the_link_and_brings_results_back(provisio
 
 def test_ring_backend_trains_with_mlx_launch_and_the_rendered_hosts_json(provisioned, tiny_inputs):
     model_dir, data_dir = tiny_inputs
-    proc = subprocess.run(
-        [INVOKE, "train", "-i", str(provisioned.inventory), "--backend", "ring", "--model",
-         str(model_dir), "--data", str(data_dir), "--iters", "4", "--batch-size", "2",
-         "--extra", "--steps-per-report 2 --steps-per-eval 4 --val-batches 1 --num-layers 1 "
-         "--max-seq-length 512"],
-        cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    run_dir = run_dir_of(proc.stdout)
+    run_dir = finished_run(invoke_train(
+        provisioned, "--backend", "ring", "--model", str(model_dir), "--data", str(data_dir),
+        "--iters", "4", "--batch-size", "2", "--extra",
+        "--steps-per-report 2 --steps-per-eval 4 --val-batches 1 --num-layers 1 --max-seq-length 512"))
     try:
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["world_size"] == 2
