@@ -41,6 +41,16 @@ def test_every_role_has_a_scenario() -> None:
     assert set(ROLES) <= set(roles)
 
 
+def test_molecule_finds_the_shared_base_config_from_a_role() -> None:
+    # Each molecule.yml holds only what differs from .config/molecule/config.yml, which
+    # molecule looks up from its working directory (the role's) at the repository root.
+    proc = subprocess.run(
+        [sys.executable, "-c", "from molecule.util import lookup_config_file as find; "
+         "print(find('.config/molecule/config.yml'))"],
+        cwd=REPO / "roles" / ROLES[0], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == str(REPO / ".config/molecule/config.yml"), proc.stderr
+
+
 @pytest.mark.parametrize("role", ROLES)
 def test_molecule_scenario_passes(role: str, offline_cache: None) -> None:
     # molecule runs ansible-config and ansible-playbook from PATH.
