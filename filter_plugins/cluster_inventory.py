@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxcluster.inventory import inventory_errors
+from mlxcluster.inventory import inventory_errors, link_errors
+
+LINK_KEYS = ("thunderbolt_ip", "thunderbolt_prefix", "thunderbolt_interface", "thunderbolt_mtu")
 
 
 def cluster_inventory_errors(groups: dict[str, list[str]], hostvars: Any) -> list[str]:
     """``{{ groups | cluster_inventory_errors(hostvars) }}``: problems found, one per line."""
-    keys = ("thunderbolt_ip", "thunderbolt_prefix", "thunderbolt_interface", "mpi_slots")
+    keys = (*LINK_KEYS, "mpi_slots")
     hosts = set(groups.get("cluster", [])) | set(groups.get("launcher", []))
     plain = {
         host: {key: hostvars[host][key] for key in keys if key in hostvars[host]}
@@ -18,6 +20,14 @@ def cluster_inventory_errors(groups: dict[str, list[str]], hostvars: Any) -> lis
     return inventory_errors(groups, plain)
 
 
+def cluster_link_errors(settings: dict[str, Any]) -> list[str]:
+    """``{{ {host: {thunderbolt_ip: ..., ...}, ...} | cluster_link_errors }}``: the link's problems."""
+    plain = {host: {key: value[key] for key in LINK_KEYS if value.get(key) is not None}
+             for host, value in settings.items()}
+    return link_errors(plain)
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"cluster_inventory_errors": cluster_inventory_errors}
+        return {"cluster_inventory_errors": cluster_inventory_errors,
+                "cluster_link_errors": cluster_link_errors}

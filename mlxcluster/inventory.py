@@ -1,8 +1,10 @@
 """Checks on a cluster inventory, run on the controller before anything changes.
 
 The playbook ``playbooks/validate.yml`` calls :func:`inventory_errors` through the
-``cluster_inventory_errors`` filter; ``invoke`` tasks call it directly. Every
-message names the host and says what to change in the inventory.
+``cluster_inventory_errors`` filter; ``invoke`` tasks call it directly. The thunderbolt
+role checks the link settings its nodes resolved with the same rules,
+:func:`link_errors`, through the ``cluster_link_errors`` filter. Every message names
+the host and says what to change in the inventory.
 """
 
 from __future__ import annotations
@@ -12,6 +14,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 PLATFORM_GROUPS = ("macs", "linux")
+# The thunderbolt role's defaults, for hosts whose inventory does not set them.
+DEFAULT_PREFIX = 24
+DEFAULT_MTU = 1500
+# From the 576 bytes every IPv4 host must accept (RFC 791) to Linux loopback's 65536.
+MIN_MTU = 576
+MAX_MTU = 65536
 
 
 def _as_int(value: Any) -> int | None:
@@ -33,48 +41,40 @@ def slots_of(host_vars: Mapping[str, Any]) -> int:
     return slots
 
 
-def inventory_errors(groups: Mapping[str, Sequence[str]],
-                     hostvars: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """Return what is wrong with the inventory, one message per problem (empty when fine)."""
-    errors: list[str] = []
-    cluster = list(groups.get("cluster") or [])
-    if not cluster:
-        return ["the inventory has no hosts in group `cluster`: list every node under "
-                "cluster: children: macs: (Apple Silicon) or linux: (Debian/Ubuntu)"]
+def link_errors(hostvars: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Return what is wrong with the nodes' Thunderbolt link settings (empty when fine).
 
-    platforms = {name: set(groups.get(name) or []) for name in PLATFORM_GROUPS}
+    Each node's own settings (``thunderbolt_interface``, ``thunderbolt_ip``,
+    ``thunderbolt_prefix``, ``thunderbolt_mtu``), then whether they make one link:
+    distinct addresses, one subnet, one MTU. :func:`inventory_errors` applies them to the
+    inventory; the thunderbolt role (``cluster_link_errors`` filter) to the values its
+    nodes resolved, role defaults included.
+    """
+    errors: list[str] = []
     networks: dict[str, ipaddress.IPv4Network] = {}
     owner_of_ip: dict[ipaddress.IPv4Address, str] = {}
-    total_slots = 0
-    bad_slots = False
-    for host in cluster:
-        hv = hostvars.get(host, {})
-        in_groups = [g for g in PLATFORM_GROUPS if host in platforms[g]]
-        if not in_groups:
-            errors.append(f"{host}: unknown OS family: it is in neither `macs` nor `linux`; "
-                          "put it under macs: (macOS with Homebrew) or linux: (Debian/Ubuntu)")
-        elif len(in_groups) > 1:
-            errors.append(f"{host}: it is in both `macs` and `linux`; keep it in the one "
-                          "that matches its OS")
-
-        try:
-            total_slots += slots_of(hv)
-        except ValueError as exc:
-            bad_slots = True
-            errors.append(f"{host}: {exc}; set mpi_slots: <ranks on this machine> (0 keeps it "
-                          "out of training)")
-
+    mtus: dict[str, int] = {}
+    for host, hv in hostvars.items():
         iface = hv.get("thunderbolt_interface")
         if not iface or not isinstance(iface, str):
             errors.append(f"{host}: no thunderbolt_interface: set the name of its Thunderbolt "
                           "bridge interface (bridge0 on macOS)")
+
+        raw_mtu = hv.get("thunderbolt_mtu", DEFAULT_MTU)
+        mtu = _as_int(raw_mtu)
+        if mtu is None or not MIN_MTU <= mtu <= MAX_MTU:
+            errors.append(f"{host}: thunderbolt_mtu {raw_mtu!r} is not an MTU between {MIN_MTU} "
+                          f"and {MAX_MTU}; set thunderbolt_mtu: {DEFAULT_MTU} (9000 for jumbo "
+                          "frames) for the whole cluster")
+        else:
+            mtus[host] = mtu
 
         raw_ip = hv.get("thunderbolt_ip")
         if raw_ip in (None, ""):
             errors.append(f"{host}: no thunderbolt_ip: set thunderbolt_ip: <its address on the "
                           f"Thunderbolt bridge> under {host} in the inventory")
             continue
-        prefix = _as_int(hv.get("thunderbolt_prefix", 24))
+        prefix = _as_int(hv.get("thunderbolt_prefix", DEFAULT_PREFIX))
         if prefix is None or not 8 <= prefix <= 32:
             errors.append(f"{host}: thunderbolt_prefix {hv.get('thunderbolt_prefix')!r} is not a "
                           "prefix length between 8 and 32")
@@ -96,13 +96,56 @@ def inventory_errors(groups: Mapping[str, Sequence[str]],
             owner_of_ip[ip] = host
         networks[host] = network
 
-    by_network: dict[str, list[str]] = {}
-    for host, network in networks.items():
-        by_network.setdefault(str(network), []).append(host)
+    by_network = _hosts_by_value(networks)
     if len(by_network) > 1:
         detail = "; ".join(f"{net}: {', '.join(hosts)}" for net, hosts in by_network.items())
         errors.append(f"the thunderbolt IPs are not in one subnet ({detail}): put every node "
                       "in one subnet (or fix thunderbolt_prefix)")
+    by_mtu = _hosts_by_value(mtus)
+    if len(by_mtu) > 1:
+        detail = "; ".join(f"{mtu}: {', '.join(hosts)}" for mtu, hosts in by_mtu.items())
+        errors.append(f"thunderbolt_mtu differs between the nodes ({detail}): every node on the "
+                      "link needs the same MTU; set it once for the whole cluster")
+    return errors
+
+
+def _hosts_by_value(value_of: Mapping[str, Any]) -> dict[str, list[str]]:
+    by_value: dict[str, list[str]] = {}
+    for host, value in value_of.items():
+        by_value.setdefault(str(value), []).append(host)
+    return by_value
+
+
+def inventory_errors(groups: Mapping[str, Sequence[str]],
+                     hostvars: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Return what is wrong with the inventory, one message per problem (empty when fine)."""
+    errors: list[str] = []
+    cluster = list(groups.get("cluster") or [])
+    if not cluster:
+        return ["the inventory has no hosts in group `cluster`: list every node under "
+                "cluster: children: macs: (Apple Silicon) or linux: (Debian/Ubuntu)"]
+
+    platforms = {name: set(groups.get(name) or []) for name in PLATFORM_GROUPS}
+    total_slots = 0
+    bad_slots = False
+    for host in cluster:
+        hv = hostvars.get(host, {})
+        in_groups = [g for g in PLATFORM_GROUPS if host in platforms[g]]
+        if not in_groups:
+            errors.append(f"{host}: unknown OS family: it is in neither `macs` nor `linux`; "
+                          "put it under macs: (macOS with Homebrew) or linux: (Debian/Ubuntu)")
+        elif len(in_groups) > 1:
+            errors.append(f"{host}: it is in both `macs` and `linux`; keep it in the one "
+                          "that matches its OS")
+
+        try:
+            total_slots += slots_of(hv)
+        except ValueError as exc:
+            bad_slots = True
+            errors.append(f"{host}: {exc}; set mpi_slots: <ranks on this machine> (0 keeps it "
+                          "out of training)")
+
+    errors += link_errors({host: hostvars.get(host, {}) for host in cluster})
 
     launchers = list(groups.get("launcher") or [])
     if not launchers:

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
-ROLES = ["thunderbolt", "ssh_mesh", "openmpi", "python_env", "hostfile", "macos"]
+ROLES = ["thunderbolt", "ssh_mesh", "openmpi", "python_env", "hostfile", "macos", "apt_packages"]
 # The lab number the cluster tests use (see conftest.py); each scenario brings it up
 # and takes it down, so it must not run while another test holds the same lab.
 LAB_ID = os.environ.get("MLX_TEST_LAB_ID", "5")
@@ -39,6 +39,16 @@ def test_every_role_has_a_scenario() -> None:
     missing = [r for r in roles if not (REPO / "roles" / r / "molecule/default/molecule.yml").is_file()]
     assert not missing, f"roles without a molecule scenario: {missing}"
     assert set(ROLES) <= set(roles)
+
+
+def test_molecule_finds_the_shared_base_config_from_a_role() -> None:
+    # Each molecule.yml holds only what differs from .config/molecule/config.yml, which
+    # molecule looks up from its working directory (the role's) at the repository root.
+    proc = subprocess.run(
+        [sys.executable, "-c", "from molecule.util import lookup_config_file as find; "
+         "print(find('.config/molecule/config.yml'))"],
+        cwd=REPO / "roles" / ROLES[0], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == str(REPO / ".config/molecule/config.yml"), proc.stderr
 
 
 @pytest.mark.parametrize("role", ROLES)

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-import pytest
+import importlib.util
+import subprocess
+from pathlib import Path
 
-from mlxcluster.inventory import inventory_errors, training_hosts
+import pytest
+import yaml
+
+from mlxcluster.inventory import inventory_errors, link_errors, training_hosts
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def cluster(**hosts: dict) -> tuple[dict, dict]:
@@ -42,6 +49,11 @@ def test_a_good_inventory_has_no_errors():
         ({"node2": {"mpi_slots": "two"}}, "node2: mpi_slots must be a whole number >= 0"),
         ({"node1": {"mpi_slots": 0}}, "launcher node1 has mpi_slots: 0"),
         ({"node2": {"thunderbolt_interface": None}}, "node2: no thunderbolt_interface"),
+        ({"node2": {"thunderbolt_mtu": 70000}},
+         "node2: thunderbolt_mtu 70000 is not an MTU between 576 and 65536"),
+        ({"node2": {"thunderbolt_mtu": "jumbo"}}, "node2: thunderbolt_mtu 'jumbo' is not an MTU"),
+        ({"node2": {"thunderbolt_mtu": 9000}},
+         "thunderbolt_mtu differs between the nodes (1500: node1; 9000: node2)"),
     ],
 )
 def test_each_mistake_is_named_with_its_fix(override, expected):
@@ -53,6 +65,64 @@ def test_per_link_prefix_puts_hosts_in_one_subnet():
     groups, hostvars = cluster(node1={"thunderbolt_ip": "10.0.0.1", "thunderbolt_prefix": 30},
                                node2={"thunderbolt_ip": "10.0.0.2", "thunderbolt_prefix": 30})
     assert inventory_errors(groups, hostvars) == []
+
+
+def test_one_mtu_set_for_every_node_is_fine_and_unset_means_the_default():
+    assert inventory_errors(*cluster(node1={"thunderbolt_mtu": 9000},
+                                     node2={"thunderbolt_mtu": "9000"})) == []
+    assert inventory_errors(*cluster(node1={"thunderbolt_mtu": 1500})) == []
+
+
+def test_link_rules_apply_to_the_settings_the_nodes_resolved():
+    settings = {
+        "node1": {"thunderbolt_ip": "10.78.7.11", "thunderbolt_prefix": 24,
+                  "thunderbolt_interface": "bridge0", "thunderbolt_mtu": 1500},
+        "node2": {"thunderbolt_ip": "10.78.7.11", "thunderbolt_prefix": 24,
+                  "thunderbolt_interface": "bridge0", "thunderbolt_mtu": 9000},
+    }
+    assert link_errors(settings) == [
+        "thunderbolt_ip 10.78.7.11 is used by both node1 and node2: give each host its own "
+        "address",
+        "thunderbolt_mtu differs between the nodes (1500: node1; 9000: node2): every node on "
+        "the link needs the same MTU; set it once for the whole cluster",
+    ]
+    assert link_errors({"node1": settings["node1"]}) == []
+
+
+def test_the_filter_passes_only_the_link_settings_that_are_set():
+    spec = importlib.util.spec_from_file_location(
+        "cluster_inventory", REPO / "filter_plugins" / "cluster_inventory.py")
+    assert spec and spec.loader
+    plugin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plugin)
+    link = plugin.FilterModule().filters()["cluster_link_errors"]
+    assert link({"node1": {"thunderbolt_ip": None, "thunderbolt_interface": "bridge0",
+                           "thunderbolt_mtu": 1500, "other": "ignored"}}) == [
+        "node1: no thunderbolt_ip: set thunderbolt_ip: <its address on the Thunderbolt "
+        "bridge> under node1 in the inventory"]
+
+
+def test_the_thunderbolt_role_checks_its_nodes_with_these_rules(tmp_path, tool_env):
+    # The role's preflight alone, on two local "nodes" that disagree on the MTU.
+    hosts = {f"node{i}": {"ansible_connection": "local",
+                          "ansible_python_interpreter": "{{ ansible_playbook_python }}",
+                          "thunderbolt_ip": f"10.78.9.1{i}", "thunderbolt_interface": "lo",
+                          "thunderbolt_mtu": mtu}
+             for i, mtu in ((1, 1500), (2, 9000))}
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"cluster": {"hosts": hosts}}))
+    playbook = tmp_path / "preflight.yml"
+    playbook.write_text(yaml.safe_dump([{
+        "name": "Check the link settings", "hosts": "cluster",
+        "gather_facts": True, "gather_subset": ["min"],
+        "tasks": [{"name": "Run the preflight", "ansible.builtin.include_role": {
+            "name": "thunderbolt", "tasks_from": "preflight"}}]}]))
+    proc = subprocess.run(["ansible-playbook", "-i", str(inventory), str(playbook)],
+                          cwd=REPO, env={**tool_env, "ANSIBLE_CACHE_PLUGIN": "memory"},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0, proc.stdout
+    assert "thunderbolt_mtu differs between the nodes (1500: node1; 9000: node2)" in proc.stdout
+    assert "TASK [thunderbolt : Check that the nodes' settings make one link]" in proc.stdout
 
 
 def test_launcher_count_must_be_exactly_one():
