@@ -41,6 +41,45 @@ def slots_of(host_vars: Mapping[str, Any]) -> int:
     return slots
 
 
+def _node_link(host: str, hv: Mapping[str, Any]
+               ) -> tuple[list[str], int | None, ipaddress.IPv4Interface | None]:
+    """One node's own link settings: what is wrong with them, its MTU and its address (None
+    where unusable)."""
+    errors: list[str] = []
+    iface = hv.get("thunderbolt_interface")
+    if not iface or not isinstance(iface, str):
+        errors.append(f"{host}: no thunderbolt_interface: set the name of its Thunderbolt "
+                      "bridge interface (bridge0 on macOS)")
+    raw_mtu = hv.get("thunderbolt_mtu", DEFAULT_MTU)
+    mtu = _as_int(raw_mtu)
+    if mtu is None or not MIN_MTU <= mtu <= MAX_MTU:
+        errors.append(f"{host}: thunderbolt_mtu {raw_mtu!r} is not an MTU between {MIN_MTU} "
+                      f"and {MAX_MTU}; set thunderbolt_mtu: {DEFAULT_MTU} (9000 for jumbo "
+                      "frames) for the whole cluster")
+        mtu = None
+    raw_ip = hv.get("thunderbolt_ip")
+    if raw_ip in (None, ""):
+        errors.append(f"{host}: no thunderbolt_ip: set thunderbolt_ip: <its address on the "
+                      f"Thunderbolt bridge> under {host} in the inventory")
+        return errors, mtu, None
+    prefix = _as_int(hv.get("thunderbolt_prefix", DEFAULT_PREFIX))
+    if prefix is None or not 8 <= prefix <= 32:
+        errors.append(f"{host}: thunderbolt_prefix {hv.get('thunderbolt_prefix')!r} is not a "
+                      "prefix length between 8 and 32")
+        return errors, mtu, None
+    try:
+        address = ipaddress.IPv4Interface(f"{ipaddress.IPv4Address(str(raw_ip).strip())}/{prefix}")
+    except ipaddress.AddressValueError:
+        errors.append(f"{host}: thunderbolt_ip {raw_ip!r} is not an IPv4 address "
+                      "(write it like 192.168.200.1)")
+        return errors, mtu, None
+    network = address.network
+    if prefix < 31 and address.ip in (network.network_address, network.broadcast_address):
+        errors.append(f"{host}: thunderbolt_ip {address.ip} is the network or broadcast address of "
+                      f"{network}; pick a host address inside it")
+    return errors, mtu, address
+
+
 def link_errors(hostvars: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """Return what is wrong with the nodes' Thunderbolt link settings (empty when fine).
 
@@ -55,46 +94,18 @@ def link_errors(hostvars: Mapping[str, Mapping[str, Any]]) -> list[str]:
     owner_of_ip: dict[ipaddress.IPv4Address, str] = {}
     mtus: dict[str, int] = {}
     for host, hv in hostvars.items():
-        iface = hv.get("thunderbolt_interface")
-        if not iface or not isinstance(iface, str):
-            errors.append(f"{host}: no thunderbolt_interface: set the name of its Thunderbolt "
-                          "bridge interface (bridge0 on macOS)")
-
-        raw_mtu = hv.get("thunderbolt_mtu", DEFAULT_MTU)
-        mtu = _as_int(raw_mtu)
-        if mtu is None or not MIN_MTU <= mtu <= MAX_MTU:
-            errors.append(f"{host}: thunderbolt_mtu {raw_mtu!r} is not an MTU between {MIN_MTU} "
-                          f"and {MAX_MTU}; set thunderbolt_mtu: {DEFAULT_MTU} (9000 for jumbo "
-                          "frames) for the whole cluster")
-        else:
+        own_errors, mtu, address = _node_link(host, hv)
+        errors += own_errors
+        if mtu is not None:
             mtus[host] = mtu
-
-        raw_ip = hv.get("thunderbolt_ip")
-        if raw_ip in (None, ""):
-            errors.append(f"{host}: no thunderbolt_ip: set thunderbolt_ip: <its address on the "
-                          f"Thunderbolt bridge> under {host} in the inventory")
+        if address is None:
             continue
-        prefix = _as_int(hv.get("thunderbolt_prefix", DEFAULT_PREFIX))
-        if prefix is None or not 8 <= prefix <= 32:
-            errors.append(f"{host}: thunderbolt_prefix {hv.get('thunderbolt_prefix')!r} is not a "
-                          "prefix length between 8 and 32")
-            continue
-        try:
-            ip = ipaddress.IPv4Address(str(raw_ip).strip())
-        except ipaddress.AddressValueError:
-            errors.append(f"{host}: thunderbolt_ip {raw_ip!r} is not an IPv4 address "
-                          "(write it like 192.168.200.1)")
-            continue
-        network = ipaddress.IPv4Network(f"{ip}/{prefix}", strict=False)
-        if prefix < 31 and ip in (network.network_address, network.broadcast_address):
-            errors.append(f"{host}: thunderbolt_ip {ip} is the network or broadcast address of "
-                          f"{network}; pick a host address inside it")
-        if ip in owner_of_ip:
-            errors.append(f"thunderbolt_ip {ip} is used by both {owner_of_ip[ip]} and {host}: "
-                          "give each host its own address")
+        if address.ip in owner_of_ip:
+            errors.append(f"thunderbolt_ip {address.ip} is used by both {owner_of_ip[address.ip]} "
+                          f"and {host}: give each host its own address")
         else:
-            owner_of_ip[ip] = host
-        networks[host] = network
+            owner_of_ip[address.ip] = host
+        networks[host] = address.network
 
     by_network = _hosts_by_value(networks)
     if len(by_network) > 1:
