@@ -294,8 +294,9 @@ def test_a_node_dropping_off_the_link_stops_the_run_and_is_named(provisioned, ti
         finally:
             lab.set_link(provisioned.lab, 2, up=True)
     assert train.returncode != 0
-    assert "no progress for 30 s (allowed 30 s): another rank is gone or the cluster link is down" \
-        in stderr, stderr[-3000:]
+    # The watchdog wakes once a second: a loaded machine may notice at 31 s.
+    assert re.search(r"no progress for 3[0-2] s \(allowed 30 s\): another rank is gone or the cluster "
+                     r"link is down", stderr), stderr[-3000:]
     assert "node2: interface bridge0: down" in stderr
     assert ranks_left == [[], []]
     print(f"node2 unplugged -> invoke train returned in {stopped:.1f} s")
