@@ -1,7 +1,7 @@
 """The cluster as provisioning recorded it, and the layouts a launch runs on.
 
-`build/<inventory>/cluster.json` (roles/hostfile/templates/cluster.json.j2) holds every value
-Ansible resolved: per node its link, slots, paths and how the controller reaches it. `Cluster` is
+`build/<inventory>/cluster.json` (written by every site.yml run, mlxcluster/record.py) holds every
+value Ansible resolved: per node its link, slots, paths and how the controller reaches it. `Cluster` is
 that record; its sub-layouts (the first k nodes, one rank per node, one node alone) are clusters
 too, so every launch, sync and check takes a `Cluster` and nothing else.
 """
@@ -23,6 +23,11 @@ class NotReady(UserError):
     """The cluster cannot be launched on as it is; the message says what to fix."""
 
 
+# A node is provisioned once its roles recorded these (a run limited by --tags or --limit may
+# not have run them there yet).
+REQUIRED_PATHS = ("cluster_root", "venv", "env_file", "openmpi_prefix")
+
+
 @dataclass(frozen=True)
 class Node:
     name: str
@@ -36,8 +41,13 @@ class Node:
     venv: str | None = None
     env_file: str | None = None
     openmpi_prefix: str | None = None
+    model: Mapping[str, Any] | None = None  # the provisioned model: path, manifest sha256
     reachable: bool = True
     connection: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def provisioned(self) -> bool:
+        return all(getattr(self, name) for name in REQUIRED_PATHS)
 
     # Where things live on a node: under its cluster_root, the same path on every node. The work
     # directory holds the training code (work/training), the data (work/data) and configs.
@@ -115,17 +125,20 @@ def hostfile_entries(text: str) -> list[str]:
 
 def check_ready(cluster: Cluster, hostfile_text: str) -> None:
     """Refuse to launch on a cluster that provisioning has not (fully) prepared."""
-    down = [n.name for n in cluster.training_nodes if not n.reachable]
+    needed = [cluster.head, *(n for n in cluster.training_nodes if n.name != cluster.launcher)]
+    down = [n.name for n in needed if n.provisioned and not n.reachable]
     if down:
         raise NotReady(f"{', '.join(down)} could not be reached when the cluster was last "
                        "provisioned: bring it back and run invoke provision, or set its "
                        "mpi_slots: 0")
+    bare = [n.name for n in needed if not n.provisioned]
+    if bare:
+        raise NotReady(f"{', '.join(bare)} not provisioned yet (no venv, env file or Open MPI "
+                       "recorded): run invoke provision -i <inventory> with every play (--tags and "
+                       "--limit set up only part of the cluster)")
     if hostfile_entries(hostfile_text) != cluster.hostfile_lines():
         raise NotReady("the rendered hostfile does not match the inventory: run invoke "
                        "provision (or invoke hostfile) after editing the inventory")
-    head = cluster.head
-    if not head.venv or not head.env_file or not head.cluster_root:
-        raise NotReady(f"the launcher {head.name} has no venv recorded: run invoke provision")
 
 
 @dataclass(frozen=True)

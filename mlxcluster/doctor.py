@@ -184,7 +184,7 @@ def _software(cluster: Cluster, nodes: Sequence[Node], facts: Facts) -> list[Che
                              f"{REPROVISION} (the python_env role pins it)")
     head_venv = cluster.head.venv
     for node in nodes:
-        error = venvs[node.name].get("error")
+        error = "none recorded: not provisioned yet" if not node.venv else venvs[node.name].get("error")
         if error or node.venv != head_venv:
             detail = error or f"{node.venv}, but the launcher's is {head_venv}"
             checks.append(Check(node.name, "venv", False, detail,

@@ -59,6 +59,49 @@ def test_second_run_changes_nothing(lab_cluster):
     assert run.changed == {}, f"not idempotent: {run.changed}"
 
 
+RECORD_TASK = "hostfile : Record the resolved cluster layout on the controller for the launch code"
+
+
+def layout_path(cluster) -> Path:
+    return REPO / "build" / f"lab{cluster.lab.lab_id}" / "cluster.json"
+
+
+@pytest.mark.parametrize("args", [("--tags", "hostfile"), ("--tags", "ssh,hostfile"),
+                                  ("--limit", "node2"), ("--check",)],
+                         ids=["tags-hostfile", "tags-ssh-hostfile", "limit-node2", "check"])
+def test_a_partial_run_leaves_the_recorded_layout_as_the_full_run_wrote_it(lab_cluster, args):
+    layout = layout_path(lab_cluster)
+    full = layout.read_text()
+    assert all(n["provisioned"] and n["venv"] for n in json.loads(full)["nodes"])
+    run = lab_cluster.playbook(*args)
+    assert run.returncode == 0, json.dumps(run.failures, indent=1) + run.stderr[-2000:]
+    assert layout.read_text() == full
+    assert not any(RECORD_TASK in tasks for tasks in run.changed.values()), run.changed
+    if args == ("--tags", "hostfile"):
+        code, checks, _ = doctor(lab_cluster)
+        assert code == 0, [c for c in checks if not c["ok"]]
+
+
+def test_a_first_run_with_only_tags_hostfile_records_nodes_not_provisioned(lab_cluster):
+    layout = layout_path(lab_cluster)
+    full = layout.read_text()
+    layout.unlink()  # as before any full run
+    try:
+        run = lab_cluster.playbook("--tags", "hostfile")
+        assert run.returncode == 0, json.dumps(run.failures, indent=1)
+        nodes = json.loads(layout.read_text())["nodes"]
+        assert [(n["provisioned"], n["venv"], n["reachable"]) for n in nodes] == \
+            [(False, None, True)] * 3
+        proc = subprocess.run([str(VENV_BIN / "invoke"), "run", "-i", str(lab_cluster.inventory),
+                               "--", "hostname"], cwd=REPO, capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL, timeout=120)
+        assert proc.returncode != 0
+        assert "node1, node2, node3 not provisioned yet" in proc.stderr, proc.stderr
+        assert "run invoke provision" in proc.stderr and "Traceback" not in proc.stderr
+    finally:
+        layout.write_text(full)
+
+
 @pytest.mark.parametrize("node", [1, 2, 3])
 def test_each_node_has_mpi_the_venv_and_its_thunderbolt_address(lab_cluster, node):
     h = host(lab_cluster, node)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 import json
 import subprocess
@@ -141,3 +142,16 @@ def test_loopback_keeps_its_own_mtu():
     gathered = healthy()
     gathered["nodes"]["node1"]["interface"].update(mtu=65536, loopback=True)
     assert failures(gathered) == []
+
+
+def test_a_node_with_no_venv_recorded_is_told_to_provision():
+    bare = Cluster.from_json({"launcher": "node1", "nodes": [
+        {**dataclasses.asdict(n), "venv": None} if n.name == "node2" else dataclasses.asdict(n)
+        for n in cluster().nodes]})
+    gathered = healthy()
+    gathered["nodes"]["node2"]["venv"] = {"error": "bin/python does not exist"}
+    red = [c for c in doctor.evaluate(bare, HOSTFILE, gathered, 2**30) if not c.ok]
+    assert ("node2", "venv", "none recorded: not provisioned yet") in [
+        (c.scope, c.name, c.detail) for c in red]
+    # Python, mlx and mlx-lm are missing there too: every red check says to provision.
+    assert {c.scope for c in red} == {"node2"} and all("invoke provision" in c.fix for c in red)

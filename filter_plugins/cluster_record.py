@@ -1,0 +1,21 @@
+"""Ansible filter that builds the recorded layout; the logic lives in mlxcluster.record."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from mlxcluster.record import record, seen_in_run
+
+
+def cluster_record(groups: Mapping[str, list[str]], hostvars: Any, targeted: Iterable[str],
+                   answered: Iterable[str], previous: str | None = None) -> dict[str, Any]:
+    """``{{ groups | cluster_record(hostvars, ansible_play_hosts_all, ansible_play_hosts,
+    previous_json) }}``: build/<inventory>/cluster.json, this run's news merged into the last."""
+    return record(groups["launcher"][0], seen_in_run(groups, hostvars, targeted, answered),
+                  previous)
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {"cluster_record": cluster_record}
