@@ -10,6 +10,7 @@ import re
 import subprocess
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from mlxcluster import local
@@ -54,21 +55,52 @@ def render_hostfiles(inventory: str | Path, output: str | Path) -> list[str]:
 
 _RECAP = re.compile(
     r"^(?P<host>\S+)\s+:\s+ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+"
-    r"unreachable=(?P<unreachable>\d+)\s+failed=(?P<failed>\d+)", re.M)
+    r"unreachable=(?P<unreachable>\d+)\s+failed=(?P<failed>\d+)(?:\s+skipped=(?P<skipped>\d+))?",
+    re.M)
+# A line of the profile_tasks callback's summary: "role : Task name ------- 21.71s".
+_PROFILE_LINE = re.compile(r"^(?P<task>\S.*?) -{2,} (?P<seconds>\d+(?:\.\d+)?)s$", re.M)
+# Enables that summary (ansible.posix.profile_tasks) for every task of the run.
+PROFILE_ENV = {"ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks",
+               "PROFILE_TASKS_TASK_OUTPUT_LIMIT": "all"}
+
+
+@dataclass(frozen=True)
+class TimedRun:
+    seconds: float
+    recap: dict[str, dict[str, int]]
+    # (task, seconds), slowest first: the profile_tasks summary when PROFILE_ENV was set
+    profile: list[tuple[str, float]]
+
+    def tasks_per_host(self) -> dict[str, int]:
+        """Tasks each host went through (run or skipped)."""
+        return {host: c["ok"] + c["failed"] + c["skipped"] for host, c in self.recap.items()}
+
+    def changed(self) -> int:
+        return sum(c["changed"] for c in self.recap.values())
 
 
 def parse_recap(output: str) -> dict[str, dict[str, int]]:
     """Per-host counters from the PLAY RECAP of an ansible-playbook run."""
-    return {m["host"]: {k: int(m[k]) for k in ("ok", "changed", "unreachable", "failed")}
+    return {m["host"]: {k: int(m[k] or 0)
+                        for k in ("ok", "changed", "unreachable", "failed", "skipped")}
             for m in _RECAP.finditer(output)}
 
 
-def timed_run(cmd: list[str], env: Mapping[str, str] | None = None) -> tuple[float, dict]:
-    """Run a playbook quietly: (seconds it took, its recap); a UserError with its output's tail
-    if it fails."""
+def parse_profile(output: str) -> list[tuple[str, float]]:
+    """The profile_tasks summary of a run: (task, seconds), slowest first (none without it)."""
+    _, found, summary = output.partition("TASKS RECAP")
+    if not found:
+        return []
+    rows = [(m["task"], float(m["seconds"])) for m in _PROFILE_LINE.finditer(summary)]
+    return sorted(rows, key=lambda row: -row[1])
+
+
+def timed_run(cmd: list[str], env: Mapping[str, str] | None = None) -> TimedRun:
+    """Run a playbook quietly: how long it took, its recap and profile; a UserError with its
+    output's tail if it fails."""
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, env=local.tool_env(env), capture_output=True, text=True)
     elapsed = time.perf_counter() - start
     if proc.returncode != 0:
         raise UserError(f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}")
-    return elapsed, parse_recap(proc.stdout)
+    return TimedRun(elapsed, parse_recap(proc.stdout), parse_profile(proc.stdout))

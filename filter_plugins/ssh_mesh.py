@@ -1,0 +1,28 @@
+"""Ansible filters for the ssh_mesh role; the logic lives in mlxcluster.known_hosts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlxcluster.known_hosts import block_lines, pinned
+
+BEGIN, END = "BEGIN", "END"
+
+
+def ssh_mesh_known_hosts(hosts: list[str], hostvars: Any, play_hosts: list[str],
+                         existing: str, marker: str) -> str:
+    """``{{ groups['cluster'] | ssh_mesh_known_hosts(hostvars, ansible_play_hosts, text,
+    marker) }}``: the block of pinned host keys, as blockinfile's `block`."""
+    fresh = {host: list(hostvars[host]["__ssh_mesh_known_hosts_lines"]) for host in play_hosts
+             if "__ssh_mesh_known_hosts_lines" in hostvars[host]}
+    away = {host: [str(name) for name in (host, hostvars[host].get("ansible_host"),
+                                         hostvars[host].get("thunderbolt_ip")) if name]
+            for host in hosts if host not in fresh}
+    previous = block_lines(existing, marker.replace("{mark}", BEGIN),
+                           marker.replace("{mark}", END))
+    return "\n".join(pinned(hosts, fresh, away, previous))
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {"ssh_mesh_known_hosts": ssh_mesh_known_hosts}

@@ -1,0 +1,45 @@
+"""The ssh_mesh role's managed known_hosts block: every node's host key under each of its names.
+
+One block written in one task replaces a known_hosts task per name and node (12 on three nodes,
+the slowest part of an idempotent re-run). A node that is not in this run (down, or outside
+--limit) keeps the lines the last run pinned for it, so that it is trusted again as soon as it is
+back, and so that the block does not change when a node is merely away.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+
+def block_lines(text: str, begin: str, end: str) -> list[str]:
+    """The lines between the markers of the managed block of a file's text (none if absent)."""
+    lines = text.splitlines()
+    if begin not in lines or end not in lines[lines.index(begin):]:
+        return []
+    start = lines.index(begin) + 1
+    return lines[start:start + lines[start:].index(end)]
+
+
+def _kept_for(names: Iterable[str], previous: Sequence[str], claimed: set[str]) -> list[str]:
+    """The previous lines of a node known only by `names`: those that name it, and those with
+    the host key they pin (its other names), minus names a node in this run claims now."""
+    names = {name.lower() for name in names}
+    keys = {tuple(line.split()[1:3]) for line in previous if line.split()[0] in names}
+    return [line for line in previous
+            if (line.split()[0] in names or tuple(line.split()[1:3]) in keys)
+            and line.split()[0] not in claimed]
+
+
+def pinned(hosts: Sequence[str], fresh: Mapping[str, Sequence[str]],
+           away: Mapping[str, Iterable[str]], previous: Sequence[str]) -> list[str]:
+    """The block's lines in inventory order: `fresh[host]` (sorted) for the nodes of this run,
+    and for a node `away` (its inventory names) the lines the previous block had for it."""
+    previous = [line for line in previous if len(line.split()) >= 3]
+    claimed = {line.split()[0] for lines in fresh.values() for line in lines}
+    out: list[str] = []
+    for host in hosts:
+        if host in fresh:
+            out += sorted(fresh[host])  # the names come from sets: a fixed order
+        elif host in away:
+            out += [line for line in _kept_for(away[host], previous, claimed) if line not in out]
+    return out
