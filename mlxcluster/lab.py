@@ -280,12 +280,9 @@ def write_inventory(lab: Lab, nodes: list[int], slots: int = 1) -> Path:
         }
         for i in nodes
     }
-    inventory = {
-        "cluster": {"children": {"linux": {"hosts": hosts}, "macs": {"hosts": {}}}},
-        "launcher": {"hosts": {f"node{nodes[0]}": None}} if nodes else {"hosts": {}},
-    }
-    # Lab settings live in group_vars/cluster.yml: inventory group_vars/<group> files
-    # outrank inventory/group_vars/all/*.yml, which vars inside hosts.yml would not.
+    # The lab's settings are the cluster group's vars in the inventory file itself: they
+    # outrank the shipped defaults (playbooks/group_vars/all), and a copy of the file is
+    # a whole inventory.
     lab_vars = {
         "ansible_user": "root",
         "ansible_ssh_private_key_file": str(lab.key),
@@ -299,12 +296,13 @@ def write_inventory(lab: Lab, nodes: list[int], slots: int = 1) -> Path:
         "cluster_apt_update_cache": False,
         "python_env_pip_extra_args": f"--no-index --find-links={WHEELHOUSE}",
     }
-    group_vars = lab.inventory.parent / "group_vars"
-    group_vars.mkdir(parents=True, exist_ok=True)
-    if not (group_vars / "all").is_symlink():
-        (group_vars / "all").symlink_to(REPO / "inventory" / "group_vars" / "all")
-    (group_vars / "cluster.yml").write_text(yaml.safe_dump(lab_vars, sort_keys=False))
+    inventory = {
+        "cluster": {"children": {"linux": {"hosts": hosts}, "macs": {"hosts": {}}},
+                    "vars": lab_vars},
+        "launcher": {"hosts": {f"node{nodes[0]}": None}} if nodes else {"hosts": {}},
+    }
     header = f"# Written by `invoke lab.up` for lab {lab.lab_id}; rewritten on every lab.up.\n"
+    lab.inventory.parent.mkdir(parents=True, exist_ok=True)
     tmp = lab.inventory.with_suffix(".tmp")
     tmp.write_text(header + yaml.safe_dump(inventory, sort_keys=False))
     tmp.replace(lab.inventory)

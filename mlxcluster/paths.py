@@ -39,5 +39,5 @@ def inventory_path(given: str | Path) -> str:
         path = REPO / path
     if not path.exists():
         raise UserError(f"inventory {path} does not exist: pass -i/--inventory PATH "
-                        "(see inventory/hosts.yml for an example)")
+                        "(see inventory/example/hosts.yml for an example)")
     return str(path)

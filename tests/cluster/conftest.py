@@ -118,7 +118,6 @@ def sub_cluster(cluster: LabCluster, nodes: list[str], folder: Path) -> LabClust
     path = folder / "inventory" / "hosts.yml"
     path.parent.mkdir(parents=True)
     path.write_text(yaml.safe_dump(inventory))
-    (path.parent / "group_vars").symlink_to(cluster.inventory.parent / "group_vars")
     return dataclasses.replace(cluster, inventory=path)
 
 

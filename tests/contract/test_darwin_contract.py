@@ -48,7 +48,7 @@ ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
 # In site.yml's order. A role takes part once it has a Darwin branch.
 ROLES = ("macos", "thunderbolt", "ssh_mesh", "openmpi", "python_env")
 CONTRACT_ROOT = "/opt/mlx-contract"
-# The Mac's admin account, as in inventory/hosts.yml: not root, reaches root with become.
+# The Mac's admin account, as in inventory/example/hosts.yml: not root, reaches root with become.
 ADMIN = "mlx"
 GPU_WIRED_LIMIT_MB = 8192
 RUNS = ("check", "first", "second")
@@ -169,14 +169,12 @@ def recap(output: str) -> dict[str, dict[str, int]]:
 
 def write_contract_inventory(lab: Lab, directory: Path, root_password: str) -> Path:
     """The lab nodes as the Macs of the cluster, reached as the admin account."""
-    (directory / "group_vars").mkdir(parents=True)
-    (directory / "group_vars" / "all").symlink_to(REPO / "inventory" / "group_vars" / "all")
+    directory.mkdir(parents=True)
+    # darwin.yml is not in playbooks/, so the shipped defaults come in next to this inventory
+    # (ranked, like there, below the cluster vars below: ansible.cfg's precedence).
+    (directory / "group_vars").symlink_to(REPO / "playbooks" / "group_vars")
     macs = {f"node{i}": {"ansible_host": lab.mgmt_ip(i), "thunderbolt_ip": lab.tb_ip(i),
                          "mpi_slots": 1} for i in NODES}
-    hosts = {
-        "cluster": {"children": {"macs": {"hosts": macs}, "linux": {"hosts": {}}}},
-        "launcher": {"hosts": {"node1": None}},
-    }
     cluster_vars = {
         "ansible_user": ADMIN,
         "ansible_ssh_private_key_file": str(lab.key),
@@ -192,7 +190,11 @@ def write_contract_inventory(lab: Lab, directory: Path, root_password: str) -> P
         "macos_keep_awake": True,
         "macos_gpu_wired_limit_mb": GPU_WIRED_LIMIT_MB,
     }
-    (directory / "group_vars" / "cluster.yml").write_text(yaml.safe_dump(cluster_vars))
+    hosts = {
+        "cluster": {"children": {"macs": {"hosts": macs}, "linux": {"hosts": {}}},
+                    "vars": cluster_vars},
+        "launcher": {"hosts": {"node1": None}},
+    }
     inventory = directory / "hosts.yml"
     inventory.write_text(yaml.safe_dump(hosts, sort_keys=False))
     return inventory

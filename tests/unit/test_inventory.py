@@ -103,11 +103,12 @@ def test_the_filter_passes_only_the_link_settings_that_are_set():
 
 
 def test_the_thunderbolt_role_checks_its_nodes_with_these_rules(tmp_path, tool_env):
-    # The role's preflight alone, on two local "nodes" that disagree on the MTU.
+    # The role's preflight alone, on two local "nodes" that disagree on the MTU. A playbook
+    # outside playbooks/ has no shipped defaults (playbooks/group_vars): every setting given.
     hosts = {f"node{i}": {"ansible_connection": "local",
                           "ansible_python_interpreter": "{{ ansible_playbook_python }}",
                           "thunderbolt_ip": f"10.78.9.1{i}", "thunderbolt_interface": "lo",
-                          "thunderbolt_mtu": mtu}
+                          "thunderbolt_prefix": 24, "thunderbolt_mtu": mtu}
              for i, mtu in ((1, 1500), (2, 9000))}
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(yaml.safe_dump({"cluster": {"hosts": hosts}}))
