@@ -37,6 +37,9 @@ class Node:
     env_file: str | None = None
     openmpi_prefix: str | None = None
     reachable: bool = True
+    # The model provisioning installed (roles/model): path, manifest_sha256, source,
+    # controller_path, bytes; None on a 0-slot node or before the model play ran.
+    model: Mapping[str, Any] | None = None
     connection: Mapping[str, Any] = field(default_factory=dict)
 
     # Where things live on a node: under its cluster_root, the same path on every node. The work
@@ -76,6 +79,19 @@ class Cluster:
     @property
     def world_size(self) -> int:
         return sum(n.slots for n in self.training_nodes)
+
+    def installed_model(self) -> Mapping[str, Any] | None:
+        """The model provisioning installed on every training node (None: it recorded none);
+        NotReady when a training node lacks that copy."""
+        model = self.head.model
+        if not model:
+            return None
+        lacking = [n.name for n in self.training_nodes
+                   if (n.model or {}).get("manifest_sha256") != model.get("manifest_sha256")]
+        if lacking:
+            raise NotReady(f"{', '.join(lacking)} has no copy of the provisioned model "
+                           f"{model.get('source')}: run invoke provision --tags model")
+        return model
 
     def hostfile_lines(self) -> list[str]:
         return [f"{n.thunderbolt_ip} slots={n.slots}" for n in self.training_nodes]
