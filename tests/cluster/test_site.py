@@ -82,7 +82,7 @@ def test_the_model_is_installed_and_recorded_on_every_training_node(lab_cluster)
         assert node["model"]["manifest_sha256"] == expected["manifest.json"]
 
 
-def test_a_corrupted_copy_is_found_and_replaced_by_the_next_run(lab_cluster):
+def test_a_corrupted_model_copy_is_found_and_replaced_by_the_next_run(lab_cluster):
     weights = f"{CLUSTER_ROOT}/models/{lab_cluster.model.name}/model.safetensors"
     good = model_sums(lab_cluster, 2)
     # Same size, same mtime, four bytes flipped: only hashing finds it.
