@@ -81,13 +81,13 @@ def hostfile(c, inventory=None, output=None):
 
 @task(help={"inventory": INVENTORY_HELP,
             "model": "Model directory whose size memory and disk are checked against "
-                     "(default: the embedded SmolLM2, when fetched)",
+                     "(default: the provisioned model, else the embedded SmolLM2 when fetched)",
             "json": "Print the checks as JSON instead of tables"})
 def doctor(c, inventory=None, model=None, json_=False):
     """Check the whole cluster, node by node and pair by pair: red checks say how to fix them."""
     rec = recorded(_inventory(c, inventory), ready=False)
     start = time.perf_counter()
-    model_dir = Path(model) if model else inputs.default_model_dir(inputs.cluster_dtype(rec.cluster))
+    model_dir = Path(model) if model else inputs.checked_model(rec.cluster)
     checks = checkup.diagnose(rec.cluster, rec.rendered_hostfile, inputs.model_bytes(model_dir))
     checkup.report(checks, rec.cluster, time.perf_counter() - start, as_json=json_)
 
@@ -124,7 +124,8 @@ def model_fetch(c, source=inputs.DEFAULT_MODEL, output=None, dtype=None):
     "inventory": INVENTORY_HELP,
     "config": "YAML training config (default training/configs/lora.yaml); flags below win",
     "data": "Prepared data directory (default: the bundled pirate demo, prepared on first use)",
-    "model": "Model directory on the controller (default: SmolLM2-135M, fetched on first use)",
+    "model": "Model directory on the controller, copied to the nodes (default: the model "
+             "provisioning installed, only verified; else SmolLM2-135M, fetched on first use)",
     "iters": "Optimizer steps",
     "batch_size": "GLOBAL batch size (divisible by the total slots)",
     "extra": "More training flags, e.g. \"--learning-rate 2e-4 --num-layers 4\"",

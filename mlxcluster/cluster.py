@@ -41,8 +41,10 @@ class Node:
     venv: str | None = None
     env_file: str | None = None
     openmpi_prefix: str | None = None
-    model: Mapping[str, Any] | None = None  # the provisioned model: path, manifest sha256
     reachable: bool = True
+    # The model provisioning installed (roles/model): path, manifest_sha256, source,
+    # controller_path, bytes; None on a 0-slot node or before the model play ran.
+    model: Mapping[str, Any] | None = None
     connection: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -86,6 +88,19 @@ class Cluster:
     @property
     def world_size(self) -> int:
         return sum(n.slots for n in self.training_nodes)
+
+    def installed_model(self) -> Mapping[str, Any] | None:
+        """The model provisioning installed on every training node (None: it recorded none);
+        NotReady when a training node lacks that copy."""
+        model = self.head.model
+        if not model:
+            return None
+        lacking = [n.name for n in self.training_nodes
+                   if (n.model or {}).get("manifest_sha256") != model.get("manifest_sha256")]
+        if lacking:
+            raise NotReady(f"{', '.join(lacking)} has no copy of the provisioned model "
+                           f"{model.get('source')}: run invoke provision --tags model")
+        return model
 
     def hostfile_lines(self) -> list[str]:
         return [f"{n.thunderbolt_ip} slots={n.slots}" for n in self.training_nodes]

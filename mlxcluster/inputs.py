@@ -8,8 +8,9 @@ on Macs, float32 on Linux CPUs (where 16-bit and 4-bit matmuls are slow).
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from mlxcluster import local
 from mlxcluster.cluster import Cluster
@@ -80,19 +81,34 @@ def demo_model(dtype: str) -> Path:
     return model_dir
 
 
+def installed_model(cluster: Cluster, given: str | None) -> Mapping[str, Any] | None:
+    """The model provisioning installed on the nodes (roles/model), if the run trains that one:
+    no --model, or --model naming the controller's copy of it. None: copy the model as given."""
+    recorded = cluster.head.model
+    if not recorded or (given and Path(given).resolve() != Path(recorded["controller_path"]).resolve()):
+        return None
+    return cluster.installed_model()
+
+
 def resolve(cluster: Cluster, data: str | None, model: str | None, *, fetch: bool = True,
-            check: bool = True) -> tuple[Path, Path]:
+            check: bool = True, installed: bool = False) -> tuple[Path, Path]:
     """The data and model directories on the controller: the ones given, or the pirate demo and
     SmolLM2 in the nodes' dtype, prepared or fetched on first use when `fetch`; with `check`, both
-    must be directories."""
+    must be directories (the model only when it is not `installed` on the nodes already)."""
     dtype = cluster_dtype(cluster)
     data_dir = Path(data) if data else (demo_data() if fetch else DEMO_DATA_DIR)
     model_dir = Path(model) if model else (demo_model(dtype) if fetch else default_model_dir(dtype))
     if check:
         for path, what in ((data_dir, "data"), (model_dir, "model")):
-            if not path.is_dir():
+            if not path.is_dir() and not (what == "model" and installed):
                 raise UserError(f"--{what} {path} is not a directory")
     return data_dir, model_dir
+
+
+def checked_model(cluster: Cluster) -> Path:
+    """The model `invoke doctor` checks memory and disk against: the installed one, or SmolLM2."""
+    recorded = cluster.head.model
+    return Path(recorded["controller_path"]) if recorded else default_model_dir(cluster_dtype(cluster))
 
 
 def model_bytes(model_dir: Path) -> int | None:

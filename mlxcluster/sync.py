@@ -94,17 +94,22 @@ class Placed:
     config: str | None
 
 
-def placement(cluster: Cluster, data: Path, model: Path, config: Path | None = None) -> Placed:
+def placement(cluster: Cluster, data: Path, model: Path, config: Path | None = None,
+              installed: str | None = None) -> Placed:
     head = cluster.head
-    return Placed(data=f"{head.work_dir}/data/{data.name}", model=f"{head.models_dir}/{model.name}",
+    return Placed(data=f"{head.work_dir}/data/{data.name}",
+                  model=installed or f"{head.models_dir}/{model.name}",
                   config=f"{head.work_dir}/config/{config.name}" if config else None)
 
 
-def training_inputs(cluster: Cluster, data: Path, model: Path,
-                    config: Path | None) -> tuple[list[Step], Placed]:
-    """The steps that put code, data, config and model on every node that trains, and where."""
+def training_inputs(cluster: Cluster, data: Path, model: Path, config: Path | None,
+                    installed: str | None = None) -> tuple[list[Step], Placed]:
+    """The steps that put code, data, config and model on every node that trains, and where.
+
+    A model `installed` on every node by provisioning (its path there) is only verified.
+    """
     head = cluster.head
-    placed = placement(cluster, data, model, config)
+    placed = placement(cluster, data, model, config, installed)
     steps: list[Step] = []
     for node, code in zip(cluster.training_nodes, push_code(cluster), strict=True):
         steps.append(code)
@@ -112,8 +117,9 @@ def training_inputs(cluster: Cluster, data: Path, model: Path,
         if config:
             steps.append((f"sync config to {node.name}",
                           push(config.parent, node, f"{head.work_dir}/config", delete=False)))
-    steps.append((f"copy the model to {head.name}", push(model, head, placed.model)))
-    steps += fan_out(cluster, placed.model)
+    if not installed:
+        steps.append((f"copy the model to {head.name}", push(model, head, placed.model)))
+        steps += fan_out(cluster, placed.model)
     steps += [(f"verify the model's checksums on {node.name}", verify_model(node, placed.model))
               for node in cluster.training_nodes]
     return steps, placed

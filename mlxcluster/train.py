@@ -39,6 +39,7 @@ class Request:
     interface: str | None = None
     btl_tcp_links: int | None = None
     threads: int | None = None
+    installed: str | None = None  # the model's path on every node, when provisioning put it there
     interactive: bool = field(default_factory=lambda: sys.stdin.isatty() and sys.stdout.isatty())
 
 
@@ -82,7 +83,7 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
     """The run, as commands: nothing is run. resume: continue run_id from its latest checkpoint
     (request.config is then the run's own config.yaml)."""
     steps, placed = sync.training_inputs(cluster, request.data.resolve(), request.model.resolve(),
-                                         request.config)
+                                         request.config, installed=request.installed)
     run_dir = f"{cluster.head.runs_dir}/{run_id}"
     program = finetune_argv(model=placed.model, data=placed.data, adapter_path=run_dir,
                             config=placed.config, resume=resume, world_size=cluster.world_size,
@@ -204,8 +205,10 @@ def request_for(rec: Recorded, options: Options, *, fetch: bool) -> Request:
     config = Path(options.config).resolve() if options.config else None
     if config and not config.is_file():
         raise UserError(f"--config {options.config} does not exist")
-    data, model = inputs.resolve(rec.cluster, options.data, options.model, fetch=fetch,
-                                 check=not options.dry_run)
+    installed = inputs.installed_model(rec.cluster, options.model)
+    data, model = inputs.resolve(rec.cluster, options.data,
+                                 installed["controller_path"] if installed else options.model,
+                                 fetch=fetch, check=not options.dry_run, installed=bool(installed))
     overrides = shlex.split(options.extra)
     if options.iters:
         overrides += ["--iters", str(options.iters)]
@@ -213,7 +216,8 @@ def request_for(rec: Recorded, options: Options, *, fetch: bool) -> Request:
         overrides += ["--batch-size", str(options.batch_size)]
     return Request(data, model, config, overrides, options.backend, options.interface,
                    int(options.btl_tcp_links) if options.btl_tcp_links else None,
-                   int(options.threads) if options.threads else None)
+                   int(options.threads) if options.threads else None,
+                   installed["path"] if installed else None)
 
 
 def train(rec: Recorded, options: Options) -> Path | None:

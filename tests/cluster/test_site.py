@@ -10,6 +10,7 @@ its group.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -100,6 +101,63 @@ def test_a_first_run_with_only_tags_hostfile_records_nodes_not_provisioned(lab_c
         assert "run invoke provision" in proc.stderr and "Traceback" not in proc.stderr
     finally:
         layout.write_text(full)
+
+
+FAN_OUT = "model : Copy the model from the launcher to the node over the cluster link"
+
+
+def model_sums(cluster, node: int) -> dict[str, str]:
+    """sha256 of every file of the node's copy of the session's model (by file name)."""
+    out = cluster.ssh(node, f"cd {CLUSTER_ROOT}/models/{cluster.model.name} && sha256sum *").stdout
+    return {name: digest for digest, name in (line.split() for line in out.splitlines())}
+
+
+def test_the_model_is_installed_and_recorded_on_every_training_node(lab_cluster):
+    # Fetched once into the controller's cache, the same bytes on every node.
+    cache = REPO / "models" / lab_cluster.model.name
+    expected = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in cache.iterdir()}
+    assert {"manifest.json", "model.safetensors", "config.json"} <= set(expected)
+    for node in (1, 2, 3):
+        assert model_sums(lab_cluster, node) == expected, f"node{node}"
+    layout = json.loads((REPO / "build" / f"lab{lab_cluster.lab.lab_id}" / "cluster.json").read_text())
+    for node in layout["nodes"]:
+        assert node["model"]["path"] == f"{CLUSTER_ROOT}/models/{lab_cluster.model.name}"
+        assert node["model"]["manifest_sha256"] == expected["manifest.json"]
+
+
+def test_a_corrupted_model_copy_is_found_and_replaced_by_the_next_run(lab_cluster):
+    weights = f"{CLUSTER_ROOT}/models/{lab_cluster.model.name}/model.safetensors"
+    good = model_sums(lab_cluster, 2)
+    # Same size, same mtime, four bytes flipped: only hashing finds it.
+    corrupt = lab_cluster.ssh(2, (
+        f"touch -r {weights} /tmp/mtime && printf '\\377\\377\\377\\377' "
+        f"| dd of={weights} bs=1 seek=4096 conv=notrunc status=none && touch -r /tmp/mtime {weights}"))
+    assert corrupt.returncode == 0, corrupt.stderr
+    assert model_sums(lab_cluster, 2) != good
+    run = lab_cluster.playbook("--tags", "model")
+    assert run.returncode == 0, json.dumps(run.failures, indent=1)
+    assert run.changed == {"node2": [FAN_OUT]}  # from the launcher, over the cluster link
+    assert model_sums(lab_cluster, 2) == good
+    again = lab_cluster.playbook("--tags", "model")
+    assert again.returncode == 0 and again.changed == {}, again.changed
+
+
+def test_a_node_with_no_slots_gets_no_model(lab_cluster, tmp_path):
+    inventory = yaml.safe_load(lab_cluster.inventory.read_text())
+    inventory["cluster"]["children"]["linux"]["hosts"]["node3"]["mpi_slots"] = 0
+    path = tmp_path / "inventory" / "hosts.yml"
+    path.parent.mkdir()
+    path.write_text(yaml.safe_dump(inventory))
+    (path.parent / "group_vars").symlink_to(lab_cluster.inventory.parent / "group_vars")
+    models = f"{CLUSTER_ROOT}/models"
+    lab_cluster.ssh(3, f"mv {models} {models}.aside")
+    try:
+        run = lab_cluster.playbook("--tags", "model", inventory=path)
+        assert run.returncode == 0, json.dumps(run.failures, indent=1)
+        assert run.changed == {}
+        assert lab_cluster.ssh(3, f"test -e {models}").returncode == 1
+    finally:
+        lab_cluster.ssh(3, f"rm -rf {models} && mv {models}.aside {models}")
 
 
 @pytest.mark.parametrize("node", [1, 2, 3])

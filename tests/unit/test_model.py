@@ -17,6 +17,7 @@ from mlx_lm.utils import save_model
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from training import manifest
 from training import model as tm
 
 TINY = {
@@ -146,12 +147,12 @@ def test_incomplete_dir_names_what_is_missing_and_writes_nothing(tmp_path: Path)
 
 def test_failed_fetch_keeps_the_previous_model(tiny_dir: Path, tmp_path: Path):
     out = tm.fetch(str(tiny_dir), tmp_path / "out", "float32")
-    before = tm.digests(out)
+    before = manifest.digests(out)
     (tiny_dir / "tokenizer.json").unlink()
 
     with pytest.raises(tm.FetchError, match="missing"):
         tm.fetch(str(tiny_dir), out, "float32")
-    assert tm.digests(out) == before
+    assert manifest.digests(out) == before
     assert tm.verify(out) == []
     assert leftovers(tmp_path) == []
 

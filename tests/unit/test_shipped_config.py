@@ -29,4 +29,4 @@ def test_site_yml_only_imports_the_plays_in_order():
     site = yaml.safe_load((REPO / "site.yml").read_text())
     assert [entry["ansible.builtin.import_playbook"] for entry in site] == [
         f"playbooks/{name}.yml"
-        for name in ("validate", "base", "network", "ssh", "mpi", "python", "hostfile")]
+        for name in ("validate", "base", "network", "ssh", "mpi", "python", "model", "hostfile")]
