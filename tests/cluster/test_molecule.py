@@ -20,7 +20,7 @@ pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
-ROLES = ["thunderbolt", "ssh_mesh", "openmpi", "python_env", "hostfile", "macos", "apt_packages"]
+ROLES = ["thunderbolt", "ssh_mesh", "openmpi", "python_env", "model", "hostfile", "macos", "apt_packages"]
 # The lab number the cluster tests use (see conftest.py); each scenario brings it up
 # and takes it down, so it must not run while another test holds the same lab.
 LAB_ID = os.environ.get("MLX_TEST_LAB_ID", "5")
