@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxcluster.known_hosts import block_lines, pinned
+from mlxcluster.known_hosts import block_lines, missing_keys, pinned
 
 BEGIN, END = "BEGIN", "END"
 
@@ -23,6 +23,12 @@ def ssh_mesh_known_hosts(hosts: list[str], hostvars: Any, play_hosts: list[str],
     return "\n".join(pinned(hosts, fresh, away, previous))
 
 
+def ssh_mesh_missing_keys(keys: list[str], authorized: str | None) -> list[str]:
+    """``{{ keys | ssh_mesh_missing_keys(authorized_keys_text) }}``: the keys still to authorize."""
+    return missing_keys(keys, authorized or "")
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"ssh_mesh_known_hosts": ssh_mesh_known_hosts}
+        return {"ssh_mesh_known_hosts": ssh_mesh_known_hosts,
+                "ssh_mesh_missing_keys": ssh_mesh_missing_keys}

@@ -1,4 +1,5 @@
-"""The ssh_mesh role's managed known_hosts block: every node's host key under each of its names.
+"""The ssh_mesh role's managed known_hosts block: every node's host key under each of its names,
+and which of the nodes' keys an authorized_keys file still lacks.
 
 One block written in one task replaces a known_hosts task per name and node (12 on three nodes,
 the slowest part of an idempotent re-run). A node that is not in this run (down, or outside
@@ -8,7 +9,12 @@ back, and so that the block does not change when a node is merely away.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
+
+# The key types OpenSSH accepts in authorized_keys (ssh-ed25519, ecdsa-sha2-nistp256,
+# sk-ssh-ed25519@openssh.com, ssh-rsa...): what follows options and precedes the base64 blob.
+KEY_TYPE = re.compile(r"^(ssh-[a-z0-9-]+|ecdsa-sha2-[a-z0-9-]+|sk-[a-z0-9@.-]+)$")
 
 
 def block_lines(text: str, begin: str, end: str) -> list[str]:
@@ -43,3 +49,20 @@ def pinned(hosts: Sequence[str], fresh: Mapping[str, Sequence[str]],
         elif host in away:
             out += [line for line in _kept_for(away[host], previous, claimed) if line not in out]
     return out
+
+
+def key_identity(line: str) -> tuple[str, str] | None:
+    """(type, base64) of an authorized_keys or public key line, past any options; None if none."""
+    words = line.split()
+    for i, word in enumerate(words[:-1]):
+        if KEY_TYPE.match(word):
+            return word, words[i + 1]
+    return None
+
+
+def missing_keys(keys: Iterable[str], authorized: str) -> list[str]:
+    """The public keys (`type base64 comment`) that the authorized_keys text does not hold yet,
+    whatever options or comments its lines carry: the ones ansible's authorized_key would add."""
+    held = {key_identity(line) for line in authorized.splitlines()
+            if line.strip() and not line.lstrip().startswith("#")}
+    return [key for key in keys if key_identity(key) not in held]

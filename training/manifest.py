@@ -15,6 +15,11 @@ from pathlib import Path
 from typing import Any
 
 MANIFEST = "manifest.json"
+# Written on a node after its copy was hashed and found right: each file's size, inode, mtime
+# and ctime then. While they all hold, the copy is what was hashed (any write, a `touch -r`
+# included, moves ctime), so a re-provision need not hash gigabytes again. A dotfile: outside
+# the manifest, and rsync leaves it out (roles/model).
+VERIFIED = ".verified.json"
 _CHUNK = 1 << 20
 
 
@@ -76,8 +81,34 @@ def verify(model_dir: Path) -> list[str]:
     return problems
 
 
-def copy_problems(model_dir: Path, expected_manifest_sha256: str | None) -> list[str]:
-    """Why the copy at `model_dir` is not the model whose manifest has that digest (empty: it is)."""
+def _identity(model_dir: Path) -> dict[str, list[int]]:
+    """Every file's (size, inode, mtime_ns, ctime_ns), the manifest's too."""
+    files = [*model_files(model_dir), model_dir / MANIFEST]
+    return {p.name: [st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
+            for p, st in ((p, p.stat()) for p in files)}
+
+
+def verified_unchanged(model_dir: Path, manifest_digest: str) -> bool:
+    """True when the copy was hashed right for this manifest and no file changed since."""
+    try:
+        stamp = json.loads((model_dir / VERIFIED).read_text())
+        return stamp["manifest_sha256"] == manifest_digest and stamp["files"] == _identity(model_dir)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def record_verified(model_dir: Path, manifest_digest: str) -> None:
+    (model_dir / VERIFIED).write_text(json.dumps({"manifest_sha256": manifest_digest,
+                                                  "files": _identity(model_dir)}) + "\n")
+
+
+def copy_problems(model_dir: Path, expected_manifest_sha256: str | None, *, full: bool = True,
+                  record: bool = False) -> list[str]:
+    """Why the copy at `model_dir` is not the model whose manifest has that digest (empty: it is).
+
+    Every file is hashed, unless `full` is False and the copy's stamp (VERIFIED) shows that no
+    file changed since it was last hashed right. With `record`, a copy hashed right is stamped.
+    """
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         return ["not installed"]
@@ -86,7 +117,12 @@ def copy_problems(model_dir: Path, expected_manifest_sha256: str | None) -> list
         return [f"no {MANIFEST}"]
     if expected_manifest_sha256 and found != expected_manifest_sha256:
         return [f"another model ({MANIFEST} sha256 {found[:12]}, expected {expected_manifest_sha256[:12]})"]
-    return verify(model_dir)
+    if not full and verified_unchanged(model_dir, found):
+        return []
+    problems = verify(model_dir)
+    if record and not problems:
+        record_verified(model_dir, found)
+    return problems
 
 
 def free_bytes(path: Path) -> int:

@@ -128,7 +128,8 @@ def test_the_model_is_installed_and_recorded_on_every_training_node(lab_cluster)
 def test_a_corrupted_model_copy_is_found_and_replaced_by_the_next_run(lab_cluster):
     weights = f"{CLUSTER_ROOT}/models/{lab_cluster.model.name}/model.safetensors"
     good = model_sums(lab_cluster, 2)
-    # Same size, same mtime, four bytes flipped: only hashing finds it.
+    # Same size, same mtime, four bytes flipped: the stamp of the last check no longer holds (the
+    # write moved ctime), so the quick check hashes the copy and finds it.
     corrupt = lab_cluster.ssh(2, (
         f"touch -r {weights} /tmp/mtime && printf '\\377\\377\\377\\377' "
         f"| dd of={weights} bs=1 seek=4096 conv=notrunc status=none && touch -r /tmp/mtime {weights}"))

@@ -55,3 +55,17 @@ def test_a_node_taken_out_of_the_inventory_is_dropped():
 def test_malformed_previous_lines_are_ignored():
     previous = ["node3", "", "node3 " + KEY3]
     assert pinned(["node3"], {}, {"node3": ["node3"]}, previous) == ["node3 " + KEY3]
+
+
+def test_only_the_keys_authorized_keys_lacks_are_added_whatever_its_options_and_comments():
+    from mlxcluster.known_hosts import missing_keys
+    authorized = "\n".join([
+        "# a comment line",
+        'from="10.0.0.0/8",no-pty ssh-ed25519 AAAA1 someone@else',
+        "ssh-ed25519 AAAA2 node2-old-comment",
+        "ecdsa-sha2-nistp256 AAAA9 controller",
+        ""])
+    keys = [f"{KEY1} root@node1", f"{KEY2} root@node2", f"{KEY3} root@node3"]
+    assert missing_keys(keys, authorized) == [f"{KEY3} root@node3"]
+    assert missing_keys(keys, "") == keys
+    assert missing_keys(keys, authorized + f"{KEY3} x\n") == []

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,41 @@ def test_a_copy_is_checked_against_the_manifest_whose_digest_is_expected(tmp_pat
     assert manifest.copy_problems(copy, "f" * 64)[0].startswith("another model")
     (copy / "w.safetensors").write_bytes(b"\1" + b"\0" * 63)  # same size, one byte flipped
     assert manifest.copy_problems(copy, digest) == ["changed: w.safetensors"]
+
+
+def test_a_quick_check_trusts_the_stamp_only_while_no_file_was_written(tmp_path: Path, monkeypatch):
+    copy = tmp_path / "m"
+    copy.mkdir()
+    weights = copy / "w.safetensors"
+    weights.write_bytes(b"\0" * 64)
+    manifest.write_manifest(copy, source="x")
+    digest = manifest.manifest_sha256(copy)
+    assert digest
+    # No stamp yet: hashed, and stamped only when asked to record.
+    assert manifest.copy_problems(copy, digest, full=False) == []
+    assert not (copy / manifest.VERIFIED).exists()
+    assert manifest.copy_problems(copy, digest, full=False, record=True) == []
+    assert (copy / manifest.VERIFIED).exists()
+    # The stamp holds: nothing is hashed (and the stamp itself is no unexpected file).
+    hashed: list[str] = []
+    real_sha256 = manifest.sha256
+    monkeypatch.setattr(manifest, "sha256", lambda p: hashed.append(p.name) or real_sha256(p))
+    assert manifest.copy_problems(copy, digest, full=False) == []
+    assert hashed == ["manifest.json"]
+    assert manifest.copy_problems(copy, digest, full=True) == [] and "w.safetensors" in hashed
+    # Same size, mtime put back, one byte flipped: ctime moved, so the quick check hashes it.
+    mtime = weights.stat().st_mtime_ns
+    time.sleep(0.05)  # past the kernel's coarse clock tick, as any later run is
+    weights.write_bytes(b"\1" + b"\0" * 63)
+    os.utime(weights, ns=(mtime, mtime))
+    assert manifest.copy_problems(copy, digest, full=False) == ["changed: w.safetensors"]
+    # A stamp for another manifest is not trusted.
+    stamp = json.loads((copy / manifest.VERIFIED).read_text())
+    (copy / manifest.VERIFIED).write_text(json.dumps({**stamp, "manifest_sha256": "0" * 64}))
+    weights.write_bytes(b"\0" * 64)
+    manifest.record_verified(copy, "0" * 64)
+    assert manifest.copy_problems(copy, digest, full=False, record=True) == []
+    assert json.loads((copy / manifest.VERIFIED).read_text())["manifest_sha256"] == digest
 
 
 def test_the_free_disk_check_counts_what_the_copy_holds_and_says_what_to_fix(tmp_path: Path):

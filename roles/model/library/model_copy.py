@@ -15,7 +15,10 @@ module: model_copy
 short_description: Check a node's copy of the model against its sha256 manifest
 description:
   - Hashes every file of the copy at I(path) and compares it with the copy's manifest, whose
-    own sha256 must be I(manifest_sha256). Reports the differences in C(problems); changes nothing.
+    own sha256 must be I(manifest_sha256). Reports the differences in C(problems).
+  - A copy hashed right is stamped (C(.verified.json) in it, not under check mode): each file's
+    size, inode, mtime and ctime. With I(verify=quick) a copy whose stamp still holds is not
+    hashed again; any write to a file (a C(touch -r) included) moves its ctime, so it is hashed.
   - With I(model_bytes), fails when the copy must be replaced and its filesystem has not the
     room for it, saying what to fix.
 options:
@@ -34,6 +37,11 @@ options:
     description: Fail, saying what to do, when the copy differs (a check after copying).
     type: bool
     default: false
+  verify:
+    description: C(quick) trusts an unchanged stamp; C(full) hashes every file whatever it says.
+    type: str
+    choices: [quick, full]
+    default: quick
 """
 
 RETURN = r"""
@@ -52,11 +60,13 @@ def main() -> None:
             "manifest_sha256": {"type": "str"},
             "model_bytes": {"type": "int", "default": 0},
             "must_match": {"type": "bool", "default": False},
+            "verify": {"type": "str", "choices": ["quick", "full"], "default": "quick"},
         },
         supports_check_mode=True,
     )
     path, expected = module.params["path"], module.params["manifest_sha256"]
-    problems = copy_problems(path, expected)
+    full = module.params["verify"] == "full" or module.params["must_match"]
+    problems = copy_problems(path, expected, full=full, record=not module.check_mode)
     if problems and module.params["must_match"]:
         module.fail_json(msg=f"{path} still differs from the model after copying ({'; '.join(problems)}): "
                          "the controller's copy may be damaged: delete it (models/<name> in the "

@@ -1,0 +1,30 @@
+"""Ansible filters for writing only what differs: the `files` list of the managed_files module,
+and the current lines of a blockinfile block (to skip the module where the block is already right)."""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Mapping
+from typing import Any
+
+
+def files_in(contents: Mapping[str, str], directory: str, mode: str = "0644") -> list[dict[str, Any]]:
+    """``{{ {'hostfile': text, ...} | files_in(dir, '0644') }}``: one entry per file, in order."""
+    return [{"path": posixpath.join(directory, name), "content": text, "mode": mode}
+            for name, text in contents.items()]
+
+
+def managed_block(text: str | None, marker: str) -> list[str] | None:
+    """``{{ text | managed_block(marker) }}``: the lines of the block that ansible's blockinfile
+    wrote with `marker` ({mark} = BEGIN/END), or None when the text has no such block."""
+    lines = (text or "").splitlines()
+    begin, end = marker.replace("{mark}", "BEGIN"), marker.replace("{mark}", "END")
+    if begin not in lines or end not in lines[lines.index(begin):]:
+        return None
+    start = lines.index(begin) + 1
+    return lines[start:start + lines[start:].index(end)]
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {"files_in": files_in, "managed_block": managed_block}
