@@ -97,8 +97,12 @@ class Placed:
 def placement(cluster: Cluster, data: Path, model: Path, config: Path | None = None,
               installed: str | None = None) -> Placed:
     head = cluster.head
-    return Placed(data=f"{head.work_dir}/data/{data.name}",
-                  model=installed or f"{head.models_dir}/{model.name}",
+    given = f"{head.models_dir}/{model.name}"
+    if not installed and head.model and given == head.model.get("path"):
+        # Another model under the provisioned one's name: copying it there would replace the
+        # provisioned copy, and the next provisioning would replace it back.
+        given = f"{head.models_dir}/given/{model.name}"
+    return Placed(data=f"{head.work_dir}/data/{data.name}", model=installed or given,
                   config=f"{head.work_dir}/config/{config.name}" if config else None)
 
 

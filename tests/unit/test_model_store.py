@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import time
 from pathlib import Path
 
@@ -145,6 +146,20 @@ def test_train_uses_the_installed_model_and_only_verifies_it():
     assert labels[-2:] == ["verify the model's checksums on node1",
                            "verify the model's checksums on node2"]
     assert "--model /opt/mlx-cluster/models/tiny " in the_plan.launch[-1]
+
+
+def test_another_model_under_the_provisioned_ones_name_never_replaces_its_copy():
+    cluster = installed_layout()
+    request = training.Request(Path("/d/p"), Path("/elsewhere/tiny"), interactive=False)
+    the_plan = training.plan(cluster, request, run_id="r1")
+    copies = [shlex.join(cmd) for label, cmd in the_plan.steps if label.startswith("copy the model")]
+    assert copies and all("/opt/mlx-cluster/models/given/tiny/" in cmd for cmd in copies)
+    assert not any("/opt/mlx-cluster/models/tiny/" in cmd for cmd in copies)
+    assert "--model /opt/mlx-cluster/models/given/tiny " in the_plan.launch[-1]
+    # Another name: its own folder, as before.
+    other = training.plan(cluster, training.Request(Path("/d/p"), Path("/m/other"), interactive=False),
+                          run_id="r2")
+    assert "--model /opt/mlx-cluster/models/other " in other.launch[-1]
 
 
 def test_a_node_without_the_installed_model_is_named_with_the_fix():
