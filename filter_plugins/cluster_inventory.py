@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxcluster.inventory import inventory_errors, link_errors
+from mlxcluster.inventory import cluster_root_error, inventory_errors, link_errors
 
 LINK_KEYS = ("thunderbolt_ip", "thunderbolt_prefix", "thunderbolt_interface", "thunderbolt_mtu")
 
@@ -27,7 +27,13 @@ def cluster_link_errors(settings: dict[str, Any]) -> list[str]:
     return link_errors(plain)
 
 
+def cluster_root_problem(host: str, value: Any) -> str | None:
+    """``{{ inventory_hostname | cluster_root_problem(cluster_root) }}``: None when it is fine."""
+    return cluster_root_error(host, value)
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {"cluster_inventory_errors": cluster_inventory_errors,
+                "cluster_root_problem": cluster_root_problem,
                 "cluster_link_errors": cluster_link_errors}

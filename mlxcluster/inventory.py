@@ -10,6 +10,7 @@ the host and says what to change in the inventory.
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,6 +21,25 @@ DEFAULT_MTU = 1500
 # From the 576 bytes every IPv4 host must accept (RFC 791) to Linux loopback's 65536.
 MIN_MTU = 576
 MAX_MTU = 65536
+# cluster_root goes into shell lines and rsync's remote paths (old rsync, as macOS ships, hands
+# those to the remote shell): plain path characters only.
+SAFE_PATH = re.compile(r"/[A-Za-z0-9._+@=,/-]*")
+# Folders that hold other things: the cluster's files (rsync --delete included) need their own.
+SHARED_FOLDERS = re.compile(r"/|/(root|home|Users|var|opt|usr|etc|tmp|srv)|/(home|Users)/[^/]+|/var/root")
+
+
+def cluster_root_error(host: str, value: Any) -> str | None:
+    """What is wrong with a node's cluster_root (None: fine), saying what to set instead."""
+    fix = ("set cluster_root to an absolute folder of the cluster's own, such as "
+           "/opt/mlx-cluster (letters, digits and . _ - + @ = , only)")
+    if not isinstance(value, str) or not SAFE_PATH.fullmatch(value):
+        return f"{host}: cluster_root {value!r} is not an absolute path of plain characters; {fix}"
+    normal = "/" + "/".join(part for part in value.split("/") if part not in ("", "."))
+    if ".." in normal.split("/"):
+        return f"{host}: cluster_root {value!r} climbs with '..'; {fix}"
+    if SHARED_FOLDERS.fullmatch(normal):
+        return f"{host}: cluster_root {value!r} is a folder that holds other things; {fix}"
+    return None
 
 
 def _as_int(value: Any) -> int | None:

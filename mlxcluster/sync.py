@@ -10,6 +10,7 @@ Each step is a (label, command) pair: plain data that `--dry-run` prints and `ru
 
 from __future__ import annotations
 
+import re
 import shlex
 import subprocess
 from dataclasses import dataclass
@@ -32,7 +33,9 @@ class SyncError(UserError):
 
 def push(src: Path, node: Node, dest: str, *, delete: bool = True,
          excludes: tuple[str, ...] = ()) -> list[str]:
-    """rsync `src`'s contents to `dest` on `node` (only what changed is sent)."""
+    """rsync `src`'s contents to `dest` on `node` (only what changed is sent). A file `src` is
+    sent alone into the folder `dest`: never the folder it sits in (a config kept in the home
+    folder would take ~/.ssh with it)."""
     # --rsync-path creates the destination first (rsync < 3.2.3, as on macOS, has no --mkpath).
     cmd = ["rsync", "-a", "--itemize-changes", f"--rsync-path=mkdir -p {shlex.quote(dest)} && rsync"]
     if delete:
@@ -41,7 +44,7 @@ def push(src: Path, node: Node, dest: str, *, delete: bool = True,
         cmd += ["--exclude", pattern]
     if (ssh := remote.rsync_ssh(node)) is not None:
         cmd += ["-e", ssh]
-    return [*cmd, f"{src}/", remote.remote_path(node, f"{dest}/")]
+    return [*cmd, str(src) if src.is_file() else f"{src}/", remote.remote_path(node, f"{dest}/")]
 
 
 def push_code(cluster: Cluster, training_dir: Path = TRAINING_CODE) -> list[Step]:
@@ -94,9 +97,27 @@ class Placed:
     config: str | None
 
 
+# A folder or file name that goes into a remote path: plain characters only (old rsync, as macOS
+# ships, hands remote paths to the remote shell), and a name at all (`--data /` would make the
+# destination the folder of every dataset, which rsync --delete would empty).
+PLAIN_NAME = re.compile(r"[A-Za-z0-9_+@=,-][A-Za-z0-9._+@=,-]*")
+
+
+def plain_name(path: Path, what: str) -> str:
+    name = path.resolve().name if path.name in ("", ".", "..") else path.name
+    if not PLAIN_NAME.fullmatch(name):
+        raise UserError(f"--{what} {path}: its name {name!r} cannot be a folder name on the nodes; "
+                        f"give a {what} whose name has letters, digits and . _ - + @ = , only "
+                        "(and is not / or a hidden folder)")
+    return name
+
+
 def placement(cluster: Cluster, data: Path, model: Path, config: Path | None = None,
               installed: str | None = None) -> Placed:
     head = cluster.head
+    for path, what in ((data, "data"), (model, "model"), (config, "config")):
+        if path is not None and not (what == "model" and installed):
+            plain_name(path, what)
     given = f"{head.models_dir}/{model.name}"
     if not installed and head.model and given == head.model.get("path"):
         # Another model under the provisioned one's name: copying it there would replace the
@@ -120,7 +141,7 @@ def training_inputs(cluster: Cluster, data: Path, model: Path, config: Path | No
         steps.append((f"sync data to {node.name}", push(data, node, placed.data)))
         if config:
             steps.append((f"sync config to {node.name}",
-                          push(config.parent, node, f"{head.work_dir}/config", delete=False)))
+                          push(config, node, f"{head.work_dir}/config", delete=False)))
     if not installed:
         steps.append((f"copy the model to {head.name}", push(model, head, placed.model)))
         steps += fan_out(cluster, placed.model)

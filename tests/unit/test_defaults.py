@@ -142,3 +142,20 @@ def test_provisioning_records_the_inventory_values_not_the_defaults(studio, tmp_
     ]
     for node in ("a", "b"):
         assert ranks(tmp_path / node / "hostfile") == ["127.0.0.1 slots=2", "127.0.0.2 slots=3"]
+
+
+def test_an_unsafe_cluster_root_stops_every_node_before_anything_changes(studio, tmp_path, tool_env):
+    inventory = yaml.safe_load(studio.read_text())
+    bad = str(tmp_path / "my root")  # a space: old rsync would split the remote path there
+    inventory["cluster"]["children"]["linux"]["hosts"]["studio-b"]["cluster_root"] = bad
+    studio.write_text(yaml.safe_dump(inventory))
+    cmd = ansible.ansible_playbook(REPO / "site.yml", studio, tags="hostfile",
+                                   extra_vars={"hostfile_build_dir": str(tmp_path / "build")})
+    proc = subprocess.run(cmd, cwd=REPO, env={**tool_env, "ANSIBLE_CACHE_PLUGIN": "memory"},
+                          capture_output=True, text=True)
+    assert proc.returncode != 0
+    message = " ".join(proc.stdout.split())
+    assert f"studio-b: cluster_root '{bad}' is not an absolute path of plain characters" in message
+    assert "/opt/mlx-cluster" in message
+    # Neither node got anything: the check runs before the roles, and stops every node.
+    assert not (tmp_path / "a").exists() and not (tmp_path / "my root").exists()

@@ -163,3 +163,25 @@ def test_training_hosts_put_the_launcher_first_and_skip_zero_slot_hosts():
     assert training_hosts(groups, hostvars) == [
         ("node2", "192.168.200.2", 1), ("node1", "192.168.200.1", 1),
         ("node4", "192.168.200.4", 2)]
+
+
+@pytest.mark.parametrize("root", ["/opt/mlx-cluster", "/Users/ada/mlx-cluster", "/home/ada/mlx_cluster-2",
+                                  "/srv/mlx/cluster@v1"])
+def test_a_cluster_root_of_its_own_is_accepted(root):
+    from mlxcluster.inventory import cluster_root_error
+    assert cluster_root_error("node1", root) is None
+
+
+@pytest.mark.parametrize(("root", "says"), [
+    ("/opt/my cluster", "plain characters"), ("/opt/$(reboot)", "plain characters"),
+    ("/opt/a;b", "plain characters"), ("/opt/a\nb", "plain characters"), ("opt/mlx", "plain characters"),
+    ("", "plain characters"), (None, "plain characters"), (42, "plain characters"),
+    ("/", "holds other things"), ("/root", "holds other things"), ("/home/ada", "holds other things"),
+    ("/Users/ada/", "holds other things"), ("/Users/./ada", "holds other things"),
+    ("/opt", "holds other things"), ("/opt/../home", "climbs"),
+])
+def test_a_cluster_root_that_is_unsafe_or_shared_is_refused_with_the_host_named(root, says):
+    from mlxcluster.inventory import cluster_root_error
+    message = cluster_root_error("node2", root)
+    assert message and message.startswith("node2: cluster_root") and says in message
+    assert "/opt/mlx-cluster" in message

@@ -157,3 +157,38 @@ def test_invoke_run_gives_its_ranks_the_environment_training_ranks_get():
         assert trained == ran
         assert {"HF_HUB_OFFLINE=1", "TTY_COMPATIBLE=0"} <= ran
     assert "OPENBLAS_NUM_THREADS=1" in ran  # two ranks share each node's cores
+
+
+def test_a_config_file_is_sent_alone_never_the_folder_it_sits_in(tmp_path):
+    # A config kept in the home folder: its neighbours are private keys and tokens.
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_ed25519").write_text("PRIVATE KEY")
+    (home / ".cache" / "huggingface").mkdir(parents=True)
+    (home / ".cache" / "huggingface" / "token").write_text("hf_secret")
+    (home / "my.yaml").write_text("iters: 5\n")
+    layout = lab_layout()
+    layout["nodes"] = [dict(layout["nodes"][0], cluster_root=str(tmp_path / "root"),
+                            connection={"type": "local"})]
+    the_plan = plan(Cluster.from_json(layout), config=str(home / "my.yaml"))
+    [sync_config] = [cmd for label, cmd in the_plan.steps if label.startswith("sync config")]
+    assert str(home) + "/" not in sync_config and str(home / "my.yaml") in sync_config
+    (tmp_path / "root" / "work").mkdir(parents=True)  # provisioned (a local rsync makes one level)
+    subprocess.run(sync_config, check=True, capture_output=True)  # real rsync, to a local node
+    sent = sorted(p.relative_to(tmp_path / "root") for p in (tmp_path / "root").rglob("*"))
+    assert sent == [Path("work"), Path("work/config"), Path("work/config/my.yaml")]
+    assert "--config " + str(tmp_path / "root/work/config/my.yaml") in the_plan.launch[-1]
+
+
+def test_data_model_or_config_without_a_plain_name_is_refused_before_any_copy():
+    import pytest
+
+    from mlxcluster.errors import UserError
+    cluster = Cluster.from_json(lab_layout())
+    for kwargs, says in (({"data": "/"}, "--data /"), ({"model": "/"}, "--model /"),
+                         ({"data": "/d/my data"}, "'my data'"), ({"model": "/m/$(reboot)"}, "'$(reboot)'"),
+                         ({"config": "/c/a b.yaml"}, "'a b.yaml'"), ({"data": "/d/.hidden"}, "'.hidden'")):
+        with pytest.raises(UserError, match="letters, digits") as info:
+            plan(cluster, **kwargs)
+        assert says in str(info.value)
+    assert plan(cluster, data="/d/pirate-v2", model="/m/SmolLM2_135M@f32").steps
