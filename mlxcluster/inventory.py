@@ -21,6 +21,8 @@ DEFAULT_MTU = 1500
 # From the 576 bytes every IPv4 host must accept (RFC 791) to Linux loopback's 65536.
 MIN_MTU = 576
 MAX_MTU = 65536
+# Ranks on one machine: far above any Mac's cores, far below what would make rendering hang.
+MAX_SLOTS = 1024
 # cluster_root goes into shell lines and rsync's remote paths (old rsync, as macOS ships, hands
 # those to the remote shell): plain path characters only.
 SAFE_PATH = re.compile(r"/[A-Za-z0-9._+@=,/-]*")
@@ -47,7 +49,7 @@ def _as_int(value: Any) -> int | None:
         return None
     if isinstance(value, int):
         return value
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and re.fullmatch(r"[0-9]+", value.strip()):  # not "²": isdigit() says yes
         return int(value)
     return None
 
@@ -56,8 +58,8 @@ def slots_of(host_vars: Mapping[str, Any]) -> int:
     """MPI slots of a host (1 when the inventory does not say); raises on a bad value."""
     value = host_vars.get("mpi_slots", 1)
     slots = _as_int(value)
-    if slots is None or slots < 0:
-        raise ValueError(f"mpi_slots must be a whole number >= 0, got {value!r}")
+    if slots is None or not 0 <= slots <= MAX_SLOTS:
+        raise ValueError(f"mpi_slots must be a whole number from 0 to {MAX_SLOTS}, got {value!r}")
     return slots
 
 

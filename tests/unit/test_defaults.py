@@ -159,3 +159,16 @@ def test_an_unsafe_cluster_root_stops_every_node_before_anything_changes(studio,
     assert "/opt/mlx-cluster" in message
     # Neither node got anything: the check runs before the roles, and stops every node.
     assert not (tmp_path / "a").exists() and not (tmp_path / "my root").exists()
+
+
+@pytest.mark.parametrize("text", ["", "- node1\n- node2\n", "cluster: [n1]\n", "all:\n  hosts: {}\n"],
+                         ids=["empty", "a-list", "cluster-a-list", "no-cluster-group"])
+def test_an_inventory_without_cluster_hosts_is_refused_not_a_silent_success(tmp_path, tool_env, text):
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(text)
+    cmd = ansible.ansible_playbook(REPO / "site.yml", inventory)
+    proc = subprocess.run(cmd, cwd=REPO, env=tool_env, capture_output=True, text=True)
+    assert proc.returncode != 0
+    message = " ".join(proc.stdout.split())
+    assert f"The inventory ({inventory}) has no hosts in group `cluster`" in message
+    assert "inventory/example/hosts.yml" in message
