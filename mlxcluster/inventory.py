@@ -44,6 +44,29 @@ def cluster_root_error(host: str, value: Any) -> str | None:
     return None
 
 
+# Inventory names end up in /etc/hosts, known_hosts and ssh command lines: DNS names only.
+DNS_NAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                      r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+
+
+def connection_errors(host: str, hv: Mapping[str, Any]) -> list[str]:
+    """A host's name and its ssh destination (ansible_host, ansible_user) as ssh and /etc/hosts
+    take them: a value starting with '-' would be read as an ssh option."""
+    errors = []
+    if not DNS_NAME.fullmatch(host):
+        errors.append(f"{host!r}: not a valid host name: use letters, digits, '-' and '.' only "
+                      "(a DNS name, such as mac1 or mac1.local)")
+    for key in ("ansible_host", "ansible_user"):
+        value = hv.get(key)
+        if value is not None and (not isinstance(value, str) or not value
+                                  or value.startswith("-") or any(c.isspace() for c in value)
+                                  or not value.isprintable()):
+            errors.append(f"{host}: {key} {value!r} cannot be an ssh destination (it is empty, "
+                          f"starts with '-' or has spaces); set {key} to the machine's address or "
+                          "account name")
+    return errors
+
+
 def _as_int(value: Any) -> int | None:
     if isinstance(value, bool):
         return None
@@ -163,6 +186,7 @@ def inventory_errors(groups: Mapping[str, Sequence[str]],
     bad_slots = False
     for host in cluster:
         hv = hostvars.get(host, {})
+        errors += connection_errors(host, hv)
         in_groups = [g for g in PLATFORM_GROUPS if host in platforms[g]]
         if not in_groups:
             errors.append(f"{host}: unknown OS family: it is in neither `macs` nor `linux`; "

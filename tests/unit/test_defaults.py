@@ -172,3 +172,16 @@ def test_an_inventory_without_cluster_hosts_is_refused_not_a_silent_success(tmp_
     message = " ".join(proc.stdout.split())
     assert f"The inventory ({inventory}) has no hosts in group `cluster`" in message
     assert "inventory/example/hosts.yml" in message
+
+
+def test_an_ssh_option_as_ansible_host_is_refused_before_ssh_runs(studio, tmp_path, tool_env):
+    inventory = yaml.safe_load(studio.read_text())
+    pwned = tmp_path / "pwned"
+    node = inventory["cluster"]["children"]["linux"]["hosts"]["studio-b"]
+    node.update(ansible_connection="ssh", ansible_host=f"-oProxyCommand=touch {pwned}")
+    studio.write_text(yaml.safe_dump(inventory))
+    proc = subprocess.run(ansible.ansible_playbook(REPO / "site.yml", studio), cwd=REPO,
+                          env={**tool_env, "ANSIBLE_CACHE_PLUGIN": "memory"}, capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert "studio-b: ansible_host '-oProxyCommand=touch" in " ".join(proc.stdout.split())
+    assert not pwned.exists() and not (tmp_path / "a").exists()

@@ -187,3 +187,24 @@ def test_a_cluster_root_that_is_unsafe_or_shared_is_refused_with_the_host_named(
     message = cluster_root_error("node2", root)
     assert message and message.startswith("node2: cluster_root") and says in message
     assert "/opt/mlx-cluster" in message
+
+
+@pytest.mark.parametrize(("name", "settings", "says"), [
+    ("node2", {"ansible_host": "-oProxyCommand=touch /tmp/pwned"}, "node2: ansible_host '-oProxyCommand"),
+    ("node2", {"ansible_user": "-oProxyCommand=x"}, "node2: ansible_user '-oProxyCommand=x'"),
+    ("node2", {"ansible_host": "10.0.0.2 -p 2222"}, "cannot be an ssh destination"),
+    ("node2", {"ansible_user": ""}, "cannot be an ssh destination"),
+    ("bad\nname", {}, "not a valid host name"),
+    ("bad name", {}, "not a valid host name"),
+    ("-node", {}, "not a valid host name"),
+])
+def test_a_host_name_or_ssh_destination_ssh_would_misread_is_refused(name, settings, says):
+    from mlxcluster.inventory import connection_errors
+    errors = connection_errors(name, settings)
+    assert any(says in e for e in errors), errors
+
+
+@pytest.mark.parametrize("name", ["node1", "mac-studio-2", "mac1.local", "M4"])
+def test_dns_host_names_and_plain_destinations_are_accepted(name):
+    from mlxcluster.inventory import connection_errors
+    assert connection_errors(name, {"ansible_host": "192.168.1.20", "ansible_user": "ada"}) == []
