@@ -11,7 +11,7 @@ LINK_KEYS = ("thunderbolt_ip", "thunderbolt_prefix", "thunderbolt_interface", "t
 
 def cluster_inventory_errors(groups: dict[str, list[str]], hostvars: Any) -> list[str]:
     """``{{ groups | cluster_inventory_errors(hostvars) }}``: problems found, one per line."""
-    keys = (*LINK_KEYS, "mpi_slots", "ansible_host", "ansible_user")
+    keys = (*LINK_KEYS, "mpi_slots", "ansible_host", "ansible_user", "ansible_connection")
     hosts = set(groups.get("cluster", [])) | set(groups.get("launcher", []))
     plain = {
         host: {key: hostvars[host][key] for key in keys if key in hostvars[host]}

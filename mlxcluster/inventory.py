@@ -21,6 +21,8 @@ DEFAULT_MTU = 1500
 # From the 576 bytes every IPv4 host must accept (RFC 791) to Linux loopback's 65536.
 MIN_MTU = 576
 MAX_MTU = 65536
+# Interface names as Linux allows them at most (15 characters), in plain characters.
+INTERFACE_NAME = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")
 # Ranks on one machine: far above any Mac's cores, far below what would make rendering hang.
 MAX_SLOTS = 1024
 # cluster_root goes into shell lines and rsync's remote paths (old rsync, as macOS ships, hands
@@ -95,6 +97,9 @@ def _node_link(host: str, hv: Mapping[str, Any]
     if not iface or not isinstance(iface, str):
         errors.append(f"{host}: no thunderbolt_interface: set the name of its Thunderbolt "
                       "bridge interface (bridge0 on macOS)")
+    elif not INTERFACE_NAME.fullmatch(iface):
+        errors.append(f"{host}: thunderbolt_interface {iface!r} is not an interface name (at most 15 "
+                      "letters, digits and . _ - : @, like bridge0 or thunderbolt0)")
     raw_mtu = hv.get("thunderbolt_mtu", DEFAULT_MTU)
     mtu = _as_int(raw_mtu)
     if mtu is None or not MIN_MTU <= mtu <= MAX_MTU:
@@ -113,10 +118,14 @@ def _node_link(host: str, hv: Mapping[str, Any]
                       "prefix length between 8 and 32")
         return errors, mtu, None
     try:
-        address = ipaddress.IPv4Interface(f"{ipaddress.IPv4Address(str(raw_ip).strip())}/{prefix}")
+        address = ipaddress.IPv4Interface(f"{ipaddress.IPv4Address(str(raw_ip))}/{prefix}")
     except ipaddress.AddressValueError:
         errors.append(f"{host}: thunderbolt_ip {raw_ip!r} is not an IPv4 address "
                       "(write it like 192.168.200.1)")
+        return errors, mtu, None
+    if address.ip.is_multicast or address.ip.is_unspecified or address.ip.is_reserved:
+        errors.append(f"{host}: thunderbolt_ip {address.ip} is a multicast, unspecified or reserved "
+                      "address; use a private one such as 192.168.200.1")
         return errors, mtu, None
     network = address.network
     if prefix < 31 and address.ip in (network.network_address, network.broadcast_address):
@@ -152,6 +161,12 @@ def link_errors(hostvars: Mapping[str, Mapping[str, Any]]) -> list[str]:
             owner_of_ip[address.ip] = host
         networks[host] = address.network
 
+    # Loopback is the link of a cluster that is this one machine; across machines it reaches none.
+    all_local = all(hv.get("ansible_connection") == "local" for hv in hostvars.values())
+    looped = [host for host, ip in ((h, a) for a, h in owner_of_ip.items()) if ip.is_loopback]
+    if len(hostvars) > 1 and looped and not all_local:
+        errors.append(f"thunderbolt_ip of {', '.join(looped)} is a loopback address, which reaches "
+                      "no other machine: give every node its address on the Thunderbolt bridge")
     by_network = _hosts_by_value(networks)
     if len(by_network) > 1:
         detail = "; ".join(f"{net}: {', '.join(hosts)}" for net, hosts in by_network.items())

@@ -54,6 +54,18 @@ def test_a_good_inventory_has_no_errors():
         ({"node2": {"thunderbolt_mtu": 70000}},
          "node2: thunderbolt_mtu 70000 is not an MTU between 576 and 65536"),
         ({"node2": {"thunderbolt_mtu": "jumbo"}}, "node2: thunderbolt_mtu 'jumbo' is not an MTU"),
+        ({"node2": {"thunderbolt_ip": " 192.168.200.2 "}},
+         "node2: thunderbolt_ip ' 192.168.200.2 ' is not an IPv4 address"),
+        ({"node2": {"thunderbolt_ip": "224.0.0.2", "thunderbolt_prefix": 8}},
+         "node2: thunderbolt_ip 224.0.0.2 is a multicast"),
+        ({"node2": {"thunderbolt_ip": "0.0.0.0"}},
+         "node2: thunderbolt_ip 0.0.0.0 is a multicast, unspecified"),
+        ({"node1": {"thunderbolt_ip": "127.0.0.1", "thunderbolt_prefix": 8},
+          "node2": {"thunderbolt_ip": "127.0.0.2", "thunderbolt_prefix": 8}},
+         "thunderbolt_ip of node1, node2 is a loopback address"),
+        ({"node2": {"thunderbolt_interface": "en0;reboot"}},
+         "node2: thunderbolt_interface 'en0;reboot' is not an"),
+        ({"node2": {"thunderbolt_interface": "br\n0"}}, "is not an interface name"),
         ({"node2": {"thunderbolt_mtu": 9000}},
          "thunderbolt_mtu differs between the nodes (1500: node1; 9000: node2)"),
     ],
@@ -208,3 +220,10 @@ def test_a_host_name_or_ssh_destination_ssh_would_misread_is_refused(name, setti
 def test_dns_host_names_and_plain_destinations_are_accepted(name):
     from mlxcluster.inventory import connection_errors
     assert connection_errors(name, {"ansible_host": "192.168.1.20", "ansible_user": "ada"}) == []
+
+
+def test_loopback_is_the_link_of_a_cluster_that_is_this_one_machine():
+    local = {"ansible_connection": "local", "thunderbolt_prefix": 8}
+    groups, hostvars = cluster(node1={**local, "thunderbolt_ip": "127.0.0.1"},
+                               node2={**local, "thunderbolt_ip": "127.0.0.2"})
+    assert inventory_errors(groups, hostvars) == []
