@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from jinja2 import Undefined
+
 from mlxcluster.inventory import cluster_root_error, inventory_errors, link_errors
 
 LINK_KEYS = ("thunderbolt_ip", "thunderbolt_prefix", "thunderbolt_interface", "thunderbolt_mtu")
@@ -12,12 +14,25 @@ LINK_KEYS = ("thunderbolt_ip", "thunderbolt_prefix", "thunderbolt_interface", "t
 def cluster_inventory_errors(groups: dict[str, list[str]], hostvars: Any) -> list[str]:
     """``{{ groups | cluster_inventory_errors(hostvars) }}``: problems found, one per line."""
     keys = (*LINK_KEYS, "mpi_slots", "ansible_host", "ansible_user", "ansible_connection")
-    hosts = set(groups.get("cluster", [])) | set(groups.get("launcher", []))
-    plain = {
-        host: {key: hostvars[host][key] for key in keys if key in hostvars[host]}
-        for host in hosts if host in hostvars
-    }
-    return inventory_errors(groups, plain)
+    hosts = sorted(set(groups.get("cluster", [])) | set(groups.get("launcher", [])))
+    unresolved: list[str] = []
+    plain: dict[str, dict[str, Any]] = {}
+    for host in hosts:
+        if host not in hostvars:
+            continue
+        plain[host] = {}
+        for key in keys:
+            try:
+                value = hostvars[host][key] if key in hostvars[host] else None
+                if isinstance(value, Undefined):
+                    str(value)  # raises the undefined error, naming the variable
+            except Exception as exc:  # whatever templating raised, said with the host
+                unresolved.append(f"{host}: {key} cannot be resolved ({exc}); write it out in the "
+                                  "inventory, or define what it refers to")
+                continue
+            if key in hostvars[host]:
+                plain[host][key] = value
+    return unresolved or inventory_errors(groups, plain)
 
 
 def cluster_link_errors(settings: dict[str, Any]) -> list[str]:

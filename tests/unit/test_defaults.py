@@ -185,3 +185,17 @@ def test_an_ssh_option_as_ansible_host_is_refused_before_ssh_runs(studio, tmp_pa
     assert proc.returncode != 0
     assert "studio-b: ansible_host '-oProxyCommand=touch" in " ".join(proc.stdout.split())
     assert not pwned.exists() and not (tmp_path / "a").exists()
+
+
+def test_an_undefined_variable_in_a_host_setting_is_named_with_its_host(tmp_path, tool_env):
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({
+        "cluster": {"children": {"macs": {"hosts": {
+            "mac1": {"thunderbolt_ip": "192.168.200.1"},
+            "mac2": {"thunderbolt_ip": "{{ undefined_address }}"}}}}},
+        "launcher": {"hosts": {"mac1": None}}}))
+    proc = render(inventory, tmp_path / "out", tool_env)
+    assert proc.returncode != 0
+    message = " ".join(proc.stdout.split())
+    assert "mac2: thunderbolt_ip cannot be resolved ('undefined_address' is undefined)" in message
+    assert not (tmp_path / "out").exists()
