@@ -52,7 +52,9 @@ def read_rows(path: Path) -> list[Row]:
             raise DataError(f"{path}: a .json input must hold a list of rows (use .jsonl for JSON Lines)")
         return [Row(f"{path}: row {index}", value) for index, value in enumerate(values, 1)]
     rows = []
-    for number, line in enumerate(text.splitlines(), 1):
+    # JSON Lines are split at "\n" only: splitlines() would also split valid JSON strings that
+    # hold U+2028 or U+0085.
+    for number, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         try:

@@ -176,11 +176,31 @@ def check_fractions(valid_fraction: float, test_fraction: float) -> None:
         )
 
 
+def check_output_spares_input(input: Path, output: Path) -> None:
+    """Refuse an output folder whose files (written, or removed as stale) include the input."""
+    if input.resolve() in {(output / name).resolve() for name in OUTPUT_FILES}:
+        raise DataError(f"--output {output} would replace the input {input} (it writes "
+                        f"{', '.join(OUTPUT_FILES)} there): choose another output folder")
+
+
+def check_encodable(location: str, messages: list[Message]) -> None:
+    """Text that cannot be written as UTF-8 (a lone surrogate such as \\ud800), named by its row."""
+    try:
+        json.dumps(messages, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise DataError(f"{location}: text that is not valid Unicode ({error.reason}, "
+                        f"{error.object[error.start:error.end]!a}): fix or drop the row") from None
+
+
 def write_atomically(output: Path, files: dict[str, str]) -> None:
     """Write every file into a fresh directory next to `output`, then move them into place together."""
     if output.exists() and not output.is_dir():
         raise DataError(f"{output}: exists and is not a directory")
-    output.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise DataError(f"{output}: a folder above it is a file: choose an output folder "
+                        "whose parents are folders") from None
     staging = output.parent / f".{output.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
     staging.mkdir()
     try:
@@ -263,11 +283,14 @@ def prepare(
     """Convert, filter and split `input` into `output` (see the module docstring); print a summary."""
     input, output = Path(input), Path(output)
     check_options(valid_fraction, test_fraction, max_tokens, tokenizer)
+    check_output_spares_input(input, output)
     rows = read_rows(input)
     if not rows:
         raise DataError(f"{input}: no rows: the input is empty")
     data_format = detect_format(rows[0])
     converted = [to_messages(row, data_format, system_prompt) for row in rows]
+    for row, messages in zip(rows, converted, strict=True):
+        check_encodable(row.location, messages)
     kept = keep_examples(converted, seed, tokenizer, max_tokens)
     if len(kept.examples) < len(required_splits(test_fraction)):
         details = [f"{len(rows)} read", f"{kept.dropped_duplicates} duplicates"]

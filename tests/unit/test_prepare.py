@@ -29,7 +29,8 @@ def write_jsonl(path: Path, rows: list[Any]) -> Path:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    # As mlx-lm reads them: lines end at "\n" (a JSON string may hold U+2028).
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line]
 
 
 def dolly(index: int, context: str = "") -> dict[str, str]:
@@ -535,3 +536,40 @@ def test_pirate_evaluation_answers_every_held_out_prompt(tmp_path: Path, capsys)
     with pytest.raises(SystemExit):
         pirate.main(["--model", str(tmp_path / "missing")])
     assert "--model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["train.jsonl", "valid.jsonl", "test.jsonl"])
+def test_an_output_folder_that_would_replace_the_input_is_refused(tmp_path, name):
+    source = write_jsonl(tmp_path / name, [dolly(i) for i in range(10)])
+    before = source.read_bytes()
+    with pytest.raises(tp.DataError, match=f"--output {tmp_path} would replace the input {source}"):
+        run(source, tmp_path)
+    assert source.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == [name]
+
+
+def test_a_lone_surrogate_is_named_by_its_row_not_a_traceback(tmp_path):
+    rows = [dolly(i) for i in range(10)]
+    rows[3]["response"] = "bad \ud800 text"
+    source = write_jsonl(tmp_path / "in.jsonl", rows)  # json.dumps escapes it: valid JSON text
+    with pytest.raises(tp.DataError, match=r"in\.jsonl:4: text that is not valid Unicode"):
+        run(source, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_output_folder_under_a_file_is_refused(tmp_path):
+    source = write_jsonl(tmp_path / "in.jsonl", [dolly(i) for i in range(10)])
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(tp.DataError, match="a folder above it is a file"):
+        run(source, tmp_path / "file" / "out")
+
+
+@pytest.mark.parametrize("char", ["\u2028", "\u0085", "\u2029"])
+def test_json_strings_holding_unicode_line_separators_are_kept_whole(tmp_path, char):
+    rows = [dolly(i) for i in range(10)]
+    rows[0]["response"] = f"one{char}two"
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    run(source, tmp_path / "out")
+    texts = [m["content"] for name in ("train.jsonl", "valid.jsonl")
+             for row in read_jsonl(tmp_path / "out" / name) for m in row["messages"]]
+    assert f"one{char}two" in texts
