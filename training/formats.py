@@ -133,9 +133,27 @@ def checked_messages(row: Row) -> list[Message]:
             raise DataError(f"{where} has no 'content'")
         if not isinstance(message["content"], str):
             raise DataError(f"{where}: 'content' is not a string")
+        if unknown := sorted(set(message) - {"role", "content"}):
+            raise DataError(f"{where} has keys {unknown} besides role and content: a chat message "
+                            "holds those two only")
+        if message["role"] != "system" and not message["content"].strip():
+            raise DataError(f"{where}: an empty {message['role']} message: drop the row or fill it in")
     if not any(message["role"] == "user" for message in messages):
         raise DataError(f"{row.location}: chat row has no user message")
     if messages[-1]["role"] != "assistant":
         last = messages[-1]["role"]
         raise DataError(f"{row.location}: chat row must end with an assistant message, not a {last} one")
+    check_turns(row.location, messages)
     return messages
+
+
+def check_turns(location: str, messages: list[Message]) -> None:
+    """An optional system message first, then user and assistant messages in turn."""
+    turns = messages[1:] if messages[0]["role"] == "system" else messages
+    offset = len(messages) - len(turns)
+    for index, message in enumerate(turns):
+        expected = "user" if index % 2 == 0 else "assistant"
+        if message["role"] != expected:
+            raise DataError(f"{location}: message {index + offset + 1} is a {message['role']} message "
+                            f"where a {expected} one must come: a chat is an optional system "
+                            "message, then user and assistant messages in turn")

@@ -573,3 +573,33 @@ def test_json_strings_holding_unicode_line_separators_are_kept_whole(tmp_path, c
     texts = [m["content"] for name in ("train.jsonl", "valid.jsonl")
              for row in read_jsonl(tmp_path / "out" / name) for m in row["messages"]]
     assert f"one{char}two" in texts
+
+
+@pytest.mark.parametrize(("messages", "says"), [
+    ([{"role": "assistant", "content": "a"}, {"role": "user", "content": "q"},
+      {"role": "assistant", "content": "a"}], "message 1 is a assistant message where a user one must come"),
+    ([{"role": "user", "content": "q"}, {"role": "user", "content": "q2"},
+      {"role": "assistant", "content": "a"}], "message 2 is a user message where a assistant one"),
+    ([{"role": "user", "content": "q"}, {"role": "system", "content": "s"},
+      {"role": "assistant", "content": "a"}], "message 2 is a system message"),
+    ([{"role": "user", "content": "q"}, {"role": "assistant", "content": "  "}],
+     "message 2: an empty assistant message"),
+    ([{"role": "user", "content": "q", "tool_calls": []}, {"role": "assistant", "content": "a"}],
+     "message 1 has keys ['tool_calls'] besides role and content"),
+])
+def test_chat_rows_out_of_order_empty_or_with_unknown_keys_are_named(tmp_path, messages, says):
+    rows = [{"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}]}
+            for i in range(10)]
+    rows[4] = {"messages": messages}
+    source = write_jsonl(tmp_path / "chat.jsonl", rows)
+    with pytest.raises(tp.DataError, match=r"chat\.jsonl:5: ") as info:
+        run(source, tmp_path / "out")
+    assert says in str(info.value)
+
+
+def test_a_system_message_then_turns_in_order_is_accepted(tmp_path):
+    chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "a"}, {"role": "user", "content": "q2"},
+            {"role": "assistant", "content": "a2"}]
+    rows = [{"messages": [dict(m, content=f"{m['content']} {i}") for m in chat]} for i in range(10)]
+    assert run(write_jsonl(tmp_path / "chat.jsonl", rows), tmp_path / "out").kept == 10
