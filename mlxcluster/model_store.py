@@ -19,7 +19,7 @@ from typing import Any
 
 from mlxcluster import inputs
 from mlxcluster.errors import UserError
-from mlxcluster.paths import MODELS, REPO
+from mlxcluster.paths import MODELS, PLAIN_NAME, REPO
 from training.manifest import MANIFEST, manifest_sha256, model_files, read_manifest
 
 DTYPES = ("auto", "float16", "bfloat16", "float32")
@@ -48,7 +48,14 @@ def cache_dir(source: str, dtype: str, into: Path = MODELS) -> Path:
     """Where the controller keeps the model: models/smollm2-135m-<dtype> or models/<name>."""
     if source == inputs.DEFAULT_MODEL:
         return into / inputs.default_model_dir(dtype).name
-    return into / Path(source.rstrip("/")).name
+    name = Path(source.rstrip("/")).name
+    # The nodes' copy is models/<name>, in rsync remote paths. (Hugging Face repo names are plain
+    # already; anything else that is not a folder fails to fetch, with its own message.)
+    if Path(source).is_dir() and not PLAIN_NAME.fullmatch(name):
+        raise UserError(f"cluster_model {source!r}: its name {name!r} cannot be a folder name on the "
+                        "nodes; use a model folder or repo whose name has letters, digits and "
+                        ". _ - + @ = , only")
+    return into / name
 
 
 def is_cached(copy: Path, source: str, dtype: str, dequantize: bool) -> bool:

@@ -17,6 +17,10 @@ RUNS = REPO / "runs"
 BENCH_RESULTS = RUNS / "bench"
 MODELS = REPO / "models"
 TRAINING_CODE = REPO / "training"
+# A file or folder name that goes into a node's path (data, model, config): plain characters only.
+# Remote paths reach the remote shell through old rsync (macOS ships 2.6.9), where a space splits
+# the path and `$(...)` runs; with names like these no path needs quoting on any rsync.
+PLAIN_NAME = re.compile(r"[A-Za-z0-9_+@=,-][A-Za-z0-9._+@=,-]*")
 
 
 def build_dir_for(inventory: str | Path) -> Path:

@@ -10,7 +10,6 @@ Each step is a (label, command) pair: plain data that `--dry-run` prints and `ru
 
 from __future__ import annotations
 
-import re
 import shlex
 import subprocess
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from pathlib import Path
 from mlxcluster import remote
 from mlxcluster.cluster import Cluster, Node
 from mlxcluster.errors import UserError
-from mlxcluster.paths import REPO, TRAINING_CODE
+from mlxcluster.paths import PLAIN_NAME, REPO, TRAINING_CODE
 
 # What a node needs of the repo to run the training entry point.
 CODE_EXCLUDES = ("__pycache__", "*.pyc", "data/make_pirate.py")
@@ -97,13 +96,9 @@ class Placed:
     config: str | None
 
 
-# A folder or file name that goes into a remote path: plain characters only (old rsync, as macOS
-# ships, hands remote paths to the remote shell), and a name at all (`--data /` would make the
-# destination the folder of every dataset, which rsync --delete would empty).
-PLAIN_NAME = re.compile(r"[A-Za-z0-9_+@=,-][A-Za-z0-9._+@=,-]*")
-
-
 def plain_name(path: Path, what: str) -> str:
+    # A name at all: `--data /` would make the destination the folder of every dataset, which
+    # rsync --delete would empty.
     name = path.resolve().name if path.name in ("", ".", "..") else path.name
     if not PLAIN_NAME.fullmatch(name):
         raise UserError(f"--{what} {path}: its name {name!r} cannot be a folder name on the nodes; "

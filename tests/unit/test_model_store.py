@@ -167,3 +167,11 @@ def test_a_node_without_the_installed_model_is_named_with_the_fix():
                                        r"run invoke provision --tags model"):
         inputs.installed_model(installed_layout(node2_digest="other"), None)
     assert inputs.installed_model(Cluster.from_json(lab_layout()), None) is None  # none recorded
+
+
+def test_a_local_model_folder_whose_name_is_not_plain_is_refused_before_any_copy(tmp_path: Path):
+    odd = tmp_path / "my model"
+    odd.mkdir()
+    with pytest.raises(UserError, match=r"cluster_model '.*my model': its name 'my model' cannot be"):
+        model_store.ensure(str(odd), linux_trains=True, into=tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()

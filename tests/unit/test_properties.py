@@ -11,16 +11,26 @@ import io
 import ipaddress
 import json
 import shlex
+from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from mlxcluster.inventory import MAX_SLOTS, connection_errors, inventory_errors, training_hosts
+from mlxcluster import train as training
+from mlxcluster.cluster import Cluster
+from mlxcluster.inventory import (
+    MAX_SLOTS,
+    cluster_root_error,
+    connection_errors,
+    inventory_errors,
+    training_hosts,
+)
+from tests.unit.test_train_plan import lab_layout
 from training import prepare as tp
 
-MAX_EXAMPLES = {"inventory": 2000, "prepare": 600}
+MAX_EXAMPLES = {"inventory": 2000, "prepare": 600, "rsync": 300}
 
 # --- inventories ------------------------------------------------------------------------
 
@@ -174,3 +184,37 @@ def test_prepare_refuses_naming_the_row_or_writes_every_split_whole(tmp_path_fac
     assert summary.train + summary.valid == summary.kept <= summary.rows_read
     assert json.loads((output / "summary.json").read_text())["kept"] == summary.kept
 
+
+
+# --- rsync remote paths -----------------------------------------------------------------
+
+PLAIN = st.from_regex(r"[A-Za-z0-9_+@=,-][A-Za-z0-9._+@=,-]{0,12}", fullmatch=True)
+ROOTS = st.from_regex(r"/[A-Za-z0-9._+@=,/-]{1,30}", fullmatch=True).filter(
+    lambda root: cluster_root_error("node1", root) is None)
+
+
+def remote_paths(argv: list[str]) -> list[str]:
+    """The paths of an rsync command line that a remote shell may see (old rsync hands them over):
+    host:path operands and the --rsync-path command, also inside an ssh-wrapped rsync."""
+    if argv[0] == "ssh":  # the fan-out: rsync run on the launcher, as one shell line
+        return remote_paths(shlex.split(argv[-1]))
+    if argv[0] != "rsync":
+        return []
+    paths = [arg.split(":", 1)[1] for arg in argv[1:] if not arg.startswith("-") and ":" in arg]
+    paths += [arg.removeprefix("--rsync-path=") for arg in argv if arg.startswith("--rsync-path=")]
+    return paths
+
+
+@settings(max_examples=MAX_EXAMPLES["rsync"], derandomize=True, deadline=None)
+@given(root=ROOTS, data=PLAIN, model=PLAIN, config=PLAIN)
+def test_every_rsync_remote_path_of_an_accepted_run_needs_no_quoting(root, data, model, config):
+    layout = lab_layout()
+    layout["nodes"] = [dict(node, cluster_root=root) for node in layout["nodes"]]
+    request = training.Request(Path("/d") / data, Path("/m") / model, Path("/c") / config,
+                               interactive=False)
+    the_plan = training.plan(Cluster.from_json(layout), request, run_id="r1")
+    remote = [path for _, cmd in the_plan.steps for path in remote_paths(cmd)]
+    assert len(remote) >= 6  # code, data, config, model, fan-out... each checked
+    for path in remote:
+        # The --rsync-path is a command line: each of its words must be shell-inert.
+        assert all(shlex.quote(word) == word for word in path.replace(" && ", " ").split()), path
