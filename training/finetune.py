@@ -184,8 +184,11 @@ def watchdog_for(config: FinetuneConfig, group: Any, display: ProgressDisplay) -
     """A watchdog that every finished step or validation batch on the display keeps at bay."""
     prefix = rank_prefix(group)
     # Compiling and the first step can take minutes on a big model; after that, the run's pace.
+    alone = group.size() == 1
     watchdog = StallWatchdog(
-        config.stall_timeout, first_timeout=max(600, 10 * config.stall_timeout), describe=lambda: prefix
+        config.stall_timeout, first_timeout=max(600, 10 * config.stall_timeout), describe=lambda: prefix,
+        cause=("this single process is stuck (there is no other rank to wait for)" if alone
+               else "another rank is gone or the cluster link is down"),
     )
     display.step_hooks.append(watchdog.step)
     display.progress_hooks.append(watchdog.pet)

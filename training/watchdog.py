@@ -38,10 +38,11 @@ def _stderr() -> TextIO:
 class StallWatchdog:
     """Exits the process (status 1) when neither `step` nor `pet` has been called for the allowance.
 
-    The allowance grows with the run's own pace: it is the larger of `timeout` and `slack` times
-    the longest gap between two calls so far, so a model whose steps take minutes is not stopped
-    for being slow. Until the first training step is done (loading, the first validation,
-    compiling) it is `first_timeout`.
+    The allowance follows the run's own pace: it is the larger of `timeout` and `slack` times the
+    longest step seen, so a model whose steps take minutes is not stopped for being slow. Until the
+    first training step is done (loading, the first validation, compiling) it is `first_timeout`;
+    until a second one is, the first step's own duration sets the pace (compiling included, so
+    a slow first step only makes the allowance larger, for that one step).
     """
 
     def __init__(
@@ -49,6 +50,7 @@ class StallWatchdog:
         timeout: float,
         first_timeout: float,
         describe: Callable[[], str] = lambda: "",
+        cause: str = "another rank is gone or the cluster link is down",
         slack: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
         exit: Callable[[int], None] = os._exit,
@@ -56,10 +58,12 @@ class StallWatchdog:
         self.timeout = timeout
         self.first_timeout = first_timeout
         self.describe = describe  # where the run was, for the message: "rank 1: step 37 of 200"
+        self.cause = cause  # what a stall most likely means, for the message
         self.slack = slack
         self.clock = clock
         self.exit = exit
-        self.longest_gap = 0.0
+        self.first_step = 0.0  # how long the first training step took (from the last progress)
+        self.longest_gap = 0.0  # the longest gap between progress after the first step
         self.started = 0.0
         self.stepped = False  # the first training step is done
         self.last: float | None = None
@@ -70,7 +74,7 @@ class StallWatchdog:
     def allowance(self) -> float:
         if not self.stepped:
             return self.first_timeout
-        return max(self.timeout, self.slack * self.longest_gap)
+        return max(self.timeout, self.slack * (self.longest_gap or self.first_step))
 
     def overdue(self) -> float | None:
         """Seconds since the last progress if that exceeds the allowance, else None."""
@@ -88,7 +92,9 @@ class StallWatchdog:
         """A training step is done (then `pet` is called for it as for any progress)."""
         if not self.stepped:
             self.stepped = True
-            self.last = None  # the gap before the first step is not the run's pace
+            # The first step's pace until a second step shows the usual one.
+            self.first_step = self.clock() - (self.last if self.last is not None else self.started)
+            self.last = None
 
     def pet(self) -> None:
         """Some progress (a step, a validation batch) was made."""
@@ -121,7 +127,7 @@ class StallWatchdog:
                 where = self.describe()
                 print(
                     f"{where}error: {STALL_MESSAGE} {since:.0f} s (allowed {self.allowance():.0f} s): "
-                    f"another rank is gone or the cluster link is down; stopping this rank\n"
+                    f"{self.cause}; stopping\n"
                     f"{where}it was waiting here:",
                     file=sys.stderr,
                     flush=True,

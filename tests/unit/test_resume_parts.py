@@ -105,11 +105,11 @@ def test_the_allowance_grows_with_the_slowest_step():
     clock.now = 400.0
     dog.step()
     dog.pet()
-    assert dog.allowance() == 60  # the 300 s before the first step do not count
+    assert dog.allowance() == 3000  # until a second step, the first one's 300 s set the pace
     clock.now = 402.0
     dog.step()
     dog.pet()
-    assert dog.allowance() == 60  # 10 x 2 s is less than the floor
+    assert dog.allowance() == 60  # 10 x 2 s is less than the floor: compiling no longer counts
     clock.now = 422.0
     dog.step()
     dog.pet()
@@ -120,13 +120,27 @@ def test_the_allowance_grows_with_the_slowest_step():
     assert dog.overdue() == 201.0
 
 
+def test_a_run_whose_steps_take_longer_than_the_timeout_is_not_stopped_at_its_second_step():
+    # bench.train's stock-BLAS part: about 100 s a step against a 30 s stall_timeout.
+    clock = Clock()
+    dog = StallWatchdog(timeout=30, first_timeout=600, clock=clock)
+    clock.now = 20.0
+    dog.pet()  # the first validation batch
+    for step in range(1, 4):
+        clock.now += 100.0
+        assert dog.overdue() is None, step
+        dog.step()
+        dog.pet()
+        assert dog.allowance() == 1000
+
+
 STALLED_RANK = textwrap.dedent("""
     import sys, time
     from training.watchdog import StallWatchdog
     dog = StallWatchdog(timeout=float(sys.argv[1]), first_timeout=30, describe=lambda: "rank 1: ")
     dog.start()
     for _ in range(int(sys.argv[2])):  # steps that complete
-        time.sleep(0.1)
+        time.sleep(float(sys.argv[4]) if len(sys.argv) > 4 else 0.1)
         dog.step()
         dog.pet()
     def waiting_for_the_all_reduce():
@@ -158,6 +172,23 @@ def test_a_process_that_keeps_progressing_is_left_alone():
     proc, _ = run_rank("1", "25", "finish")  # 2.5 s of steps against a 1 s allowance
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "finished\n"
+
+
+def test_a_process_whose_steps_are_slower_than_the_timeout_finishes():
+    proc, _ = run_rank("1", "3", "finish", "1.6")  # 1.6 s steps against a 1 s stall_timeout
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "finished\n"
+
+
+def test_a_single_process_is_not_told_about_other_ranks():
+    from training.finetune import watchdog_for
+    from training.progress import ProgressDisplay
+
+    group = mx.distributed.init()
+    assert group.size() == 1
+    config = tc.merge_config({}, {"stall_timeout": 30})
+    dog = watchdog_for(config, group, ProgressDisplay(1, None))
+    assert "single process" in dog.cause and "another rank" not in dog.cause
 
 
 @pytest.mark.parametrize("bad", ["0", "-5"])
