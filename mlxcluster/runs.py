@@ -15,6 +15,7 @@ from typing import Any
 
 from mlxcluster.errors import UserError
 from mlxcluster.paths import REPO, RUNS
+from training.checkpoint_files import newest_whole
 
 
 class RunError(UserError):
@@ -38,9 +39,10 @@ def read_info(results: Path) -> dict[str, Any]:
 
 
 def latest_checkpoint(results: Path) -> int | None:
-    steps = [int(p.name) for p in (results / "checkpoints").glob("[0-9]" * 7)
-             if (p / "state.json").exists()]
-    return max(steps, default=None)
+    """The step of the run's newest whole checkpoint: the one rank 0 resumes from (the same check,
+    training/checkpoint_files.py), damaged newer ones passed over."""
+    path, _, _ = newest_whole(results)
+    return int(path.name) if path is not None else None
 
 
 def resume_hint(results: Path) -> str:

@@ -46,6 +46,14 @@ def push(src: Path, node: Node, dest: str, *, delete: bool = True,
     return [*cmd, str(src) if src.is_file() else f"{src}/", remote.remote_path(node, f"{dest}/")]
 
 
+def push_checkpoints(results: Path, node: Node, run_dir: str) -> Step:
+    """The step that gives the launcher the run's checkpoints it lacks (a cleaned or replaced
+    launcher would otherwise restart the run from step 0). What it has is kept: rank 0 checks
+    every checkpoint before resuming from it."""
+    cmd = push(results / "checkpoints", node, f"{run_dir}/checkpoints", delete=False)
+    return (f"restore the run's checkpoints on {node.name}", [cmd[0], "--ignore-existing", *cmd[1:]])
+
+
 def push_code(cluster: Cluster, training_dir: Path = TRAINING_CODE) -> list[Step]:
     """The steps that bring the training code to every node that trains."""
     return [(f"sync code to {node.name}",

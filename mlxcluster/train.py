@@ -85,6 +85,8 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
     steps, placed = sync.training_inputs(cluster, request.data.resolve(), request.model.resolve(),
                                          request.config, installed=request.installed)
     run_dir = f"{cluster.head.runs_dir}/{run_id}"
+    if resume and (RUNS / run_id / "checkpoints").is_dir():
+        steps.append(sync.push_checkpoints(RUNS / run_id, cluster.head, run_dir))
     program = finetune_argv(model=placed.model, data=placed.data, adapter_path=run_dir,
                             config=placed.config, resume=resume, world_size=cluster.world_size,
                             overrides=request.overrides)

@@ -15,10 +15,8 @@ the run's own distributed group (`broadcast`), so they need no copy of the run d
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import re
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,11 +25,7 @@ from typing import Any
 
 import mlx.core as mx
 
-DIRECTORY = "checkpoints"
-ADAPTERS = "adapters.safetensors"
-OPTIMIZER = "optimizer.safetensors"
-STATE = "state.json"
-_NAME = re.compile(r"\d{7}")
+from training.checkpoint_files import ADAPTERS, DIRECTORY, OPTIMIZER, STATE, file_digest, newest_whole
 
 # The settings that change what training computes: a checkpoint only resumes a run with the same.
 # (Reporting, validation and saving intervals, paths of outputs and grad_checkpoint do not.)
@@ -93,7 +87,9 @@ def save(
     partial.mkdir(parents=True)
     mx.save_safetensors(str(partial / ADAPTERS), dict(adapters))
     mx.save_safetensors(str(partial / OPTIMIZER), dict(optimizer_state))
-    (partial / STATE).write_text(json.dumps({"step": step, **state}, indent=2) + "\n")
+    # The arrays' digests: a resume tells a whole checkpoint from a truncated or overwritten one.
+    files = {name: file_digest(partial / name) for name in (ADAPTERS, OPTIMIZER)}
+    (partial / STATE).write_text(json.dumps({"step": step, **state, "files": files}, indent=2) + "\n")
     for name in (ADAPTERS, OPTIMIZER, STATE):
         _fsync(partial / name)
     if final.exists():
@@ -109,18 +105,13 @@ def save(
     return final
 
 
-def latest(adapter_path: Path) -> Checkpoint | None:
-    """The checkpoint of the highest step under adapter_path, or None if there is none yet."""
-    root = adapter_path / DIRECTORY
-    steps = sorted(p for p in root.iterdir() if _NAME.fullmatch(p.name)) if root.is_dir() else []
-    for path in reversed(steps):
-        try:
-            state = json.loads((path / STATE).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue  # not written by save() (which renames only complete checkpoints)
-        if all((path / name).is_file() for name in (ADAPTERS, OPTIMIZER)):
-            return Checkpoint(path, state)
-    return None
+def latest(adapter_path: Path, passed: list[str] | None = None) -> Checkpoint | None:
+    """The newest whole checkpoint under adapter_path (checkpoint_files.newest_whole), or None if
+    there is none; the newer damaged ones passed over are added to `passed`."""
+    path, state, damaged = newest_whole(adapter_path)
+    if passed is not None:
+        passed += damaged
+    return Checkpoint(path, state) if path is not None and state is not None else None
 
 
 def load_arrays(checkpoint: Checkpoint) -> tuple[dict[str, mx.array], dict[str, mx.array]]:
@@ -129,15 +120,6 @@ def load_arrays(checkpoint: Checkpoint) -> tuple[dict[str, mx.array], dict[str, 
     optimizer = mx.load(str(checkpoint.path / OPTIMIZER))
     assert isinstance(adapters, dict) and isinstance(optimizer, dict)
     return adapters, optimizer
-
-
-def file_digest(path: Path) -> str:
-    """sha256 of a file: a checkpoint remembers the training data it was made with."""
-    digest = hashlib.sha256()
-    with path.open("rb") as data:
-        while block := data.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def settings_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:

@@ -118,7 +118,10 @@ def _read_latest(
 ) -> tuple[checkpoint.Checkpoint | None, str, dict[str, mx.array]]:
     """Rank 0: the latest checkpoint, why it cannot resume this run ("" when it can), and the arrays
     to send (its own, or `expected` when there are none to read)."""
-    found = checkpoint.latest(Path(config.adapter_path))
+    passed: list[str] = []
+    found = checkpoint.latest(Path(config.adapter_path), passed)
+    for line in passed:  # the controller names the same step (mlxcluster.runs.latest_checkpoint)
+        print(f"note: {line}", flush=True)
     if found is None:
         return None, "", expected
     problem = "\n  ".join(checkpoint.settings_differences(found.state.get("settings", {}), asdict(config)))

@@ -53,7 +53,7 @@ def test_a_checkpoint_is_whole_or_absent(tmp_path: Path):
     weights = {"a": mx.ones((2, 3)), "b": mx.zeros((4,))}
     optimizer = {"step": mx.array(4, mx.uint64), "a.m": mx.ones((2, 3))}
     assert checkpoint.latest(tmp_path) is None
-    first = checkpoint.save(tmp_path, 4, weights, optimizer, {"trained_tokens": 10})
+    first = checkpoint.save(tmp_path, 4, weights, optimizer, {"trained_tokens": 10, "random_key": [0, 1]})
     assert first == tmp_path / "checkpoints" / "0000004"
     # What a writer that died mid-way leaves: a partial directory, a directory without state.
     (tmp_path / "checkpoints" / ".0000008.partial").mkdir()
@@ -64,7 +64,8 @@ def test_a_checkpoint_is_whole_or_absent(tmp_path: Path):
     assert mx.array_equal(adapters["a"], weights["a"]).item() and state["step"].item() == 4
 
     # Saving the same step again (a run resumed from before it) replaces it whole.
-    checkpoint.save(tmp_path, 4, {"a": mx.full((2, 3), 2.0)}, optimizer, {"trained_tokens": 11})
+    checkpoint.save(tmp_path, 4, {"a": mx.full((2, 3), 2.0)}, optimizer,
+                    {"trained_tokens": 11, "random_key": [0, 1]})
     again = checkpoint.latest(tmp_path)
     assert again is not None and again.state["trained_tokens"] == 11
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
@@ -199,4 +200,37 @@ def test_stall_timeout_must_be_positive(bad: str):
 
 def test_state_json_is_plain_json(tmp_path: Path):
     path = checkpoint.save(tmp_path, 1, {"a": mx.ones(1)}, {"step": mx.array(1)}, {"x": [1, 2]})
-    assert json.loads((path / "state.json").read_text()) == {"step": 1, "x": [1, 2]}
+    state = json.loads((path / "state.json").read_text())
+    arrays = ("adapters.safetensors", "optimizer.safetensors")
+    assert state == {"step": 1, "x": [1, 2],
+                     "files": {name: checkpoint.file_digest(path / name) for name in arrays}}
+
+
+def saved_steps(tmp_path: Path, *steps: int) -> None:
+    for step in steps:
+        checkpoint.save(tmp_path, step, {"a": mx.full((2, 3), float(step))}, {"step": mx.array(step)},
+                        {"random_key": [0, step]})
+
+
+@pytest.mark.parametrize(("damage", "why"), [
+    (lambda p: (p / "adapters.safetensors").write_bytes((p / "adapters.safetensors").read_bytes()[:40]),
+     "adapters.safetensors is not the file that was saved"),
+    (lambda p: (p / "optimizer.safetensors").write_bytes(b"garbage"),
+     "optimizer.safetensors is not the file that was saved"),
+    (lambda p: (p / "state.json").write_text('{"step": 30, "files": {}}'), "state.json lacks random_key"),
+    (lambda p: (p / "state.json").write_text((p / "state.json").read_text()[:25]),
+     "state.json is unreadable"),
+    (lambda p: (p / "adapters.safetensors").unlink(), "no adapters.safetensors"),
+])
+def test_a_damaged_checkpoint_is_passed_over_for_the_newest_whole_one_by_rank_and_controller(
+        tmp_path: Path, damage, why):
+    from mlxcluster import runs
+    saved_steps(tmp_path, 10, 20, 30)
+    damage(tmp_path / "checkpoints" / "0000030")
+    passed: list[str] = []
+    found = checkpoint.latest(tmp_path, passed)
+    assert found is not None and found.step == 20
+    assert passed == [f"checkpoint 0000030 is damaged ({why}" + passed[0].split(why, 1)[1]]
+    assert runs.latest_checkpoint(tmp_path) == 20  # the controller names the same step
+    adapters, _ = checkpoint.load_arrays(found)
+    assert adapters["a"].tolist()[0][0] == 20.0

@@ -35,7 +35,10 @@ def test_the_resume_hint_names_the_latest_whole_checkpoint(tmp_path: Path):
     assert runs.resume_hint(tmp_path) == ""
     for step in ("0000020", "0000040"):
         (tmp_path / "checkpoints" / step).mkdir(parents=True)
-    (tmp_path / "checkpoints" / "0000020" / "state.json").write_text("{}")
+    whole = tmp_path / "checkpoints" / "0000020"  # as checkpoints were before they had digests
+    (whole / "state.json").write_text('{"step": 20, "random_key": [0, 1]}')
+    for name in ("adapters.safetensors", "optimizer.safetensors"):
+        (whole / name).write_bytes(b"x")
     (tmp_path / "checkpoints" / ".0000060.partial").mkdir()
     assert runs.resume_hint(tmp_path) == (
         f"; its checkpoint at step 20 continues with: invoke train --resume {tmp_path.name}")

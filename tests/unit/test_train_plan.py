@@ -192,3 +192,31 @@ def test_data_model_or_config_without_a_plain_name_is_refused_before_any_copy():
             plan(cluster, **kwargs)
         assert says in str(info.value)
     assert plan(cluster, data="/d/pirate-v2", model="/m/SmolLM2_135M@f32").steps
+
+
+def test_a_resume_gives_the_launcher_the_checkpoints_it_lacks_and_keeps_its_own(tmp_path, monkeypatch):
+    monkeypatch.setattr(training, "RUNS", tmp_path / "runs")
+    saved = tmp_path / "runs" / "r1" / "checkpoints" / "0000010"
+    saved.mkdir(parents=True)
+    (saved / "state.json").write_text("controller's")
+    layout = lab_layout()
+    layout["nodes"] = [dict(layout["nodes"][0], cluster_root=str(tmp_path / "root"),
+                            connection={"type": "local"})]
+    cluster = Cluster.from_json(layout)
+    own = Path(cluster.head.runs_dir) / "r1" / "checkpoints" / "0000020"
+    own.mkdir(parents=True)
+    (own / "state.json").write_text("launcher's")
+    (own.parent / "0000010").mkdir()
+    (own.parent / "0000010" / "state.json").write_text("launcher's too")
+    steps = plan(cluster, resume=True).steps
+    [(label, restore)] = [(label, cmd) for label, cmd in steps if label.startswith("restore")]
+    assert label == "restore the run's checkpoints on node1" and "--delete" not in restore
+    (saved.parent / "0000005").mkdir()
+    (saved.parent / "0000005" / "state.json").write_text("only on the controller")
+    subprocess.run(restore, check=True, capture_output=True)
+    assert (own.parent / "0000005" / "state.json").read_text() == "only on the controller"
+    assert (own.parent / "0000010" / "state.json").read_text() == "launcher's too"  # kept
+    assert (own / "state.json").read_text() == "launcher's"
+    # No checkpoint on the controller yet: nothing to restore.
+    monkeypatch.setattr(training, "RUNS", tmp_path / "elsewhere")
+    assert not [label for label, _ in plan(cluster, resume=True).steps if label.startswith("restore")]
