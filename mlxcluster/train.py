@@ -21,6 +21,7 @@ from mlxcluster import doctor, inputs, launch, local, relay, runs, sync
 from mlxcluster.cluster import Cluster, Recorded
 from mlxcluster.errors import Interrupted, UserError
 from mlxcluster.paths import REPO, RUNS
+from training.manifest import manifest_sha256
 
 
 class TrainFailed(UserError):
@@ -131,6 +132,8 @@ def execute(plan: Plan, inventory: str) -> Path:
     print(f"==> {'resuming run ' + plan.run_id if plan.resume else 'training'} on {ranks} ({how}); "
           "rank 0 reports:", flush=True)
     info = {"inventory": inventory, "model": str(plan.request.model.resolve()),
+            # The model's identity, so that a resume with another --model is refused.
+            "model_sha256": manifest_sha256(plan.request.model.resolve()),
             "data": str(plan.request.data.resolve()), "world_size": plan.cluster.world_size,
             "backend": plan.request.backend or "mpi", "status": "running", "exit_code": None,
             "wall_time_s": None, "sync_s": round(time.perf_counter() - synced, 1),
@@ -198,6 +201,13 @@ def _resumed(options: Options) -> tuple[str | None, Options]:
         raise UserError("--config and --resume do not go together: a resumed run keeps the "
                         "settings it was started with (change reporting and the like with --extra)")
     run_id, info = runs.resumable(RUNS, None if options.resume is True else str(options.resume))
+    if options.model and info.get("model_sha256"):
+        given = manifest_sha256(Path(options.model))
+        if given != info["model_sha256"]:
+            raise UserError(f"--model {options.model} is not the model run {run_id} was trained on "
+                            f"({info['model']}, manifest sha256 {info['model_sha256'][:12]}; this one "
+                            f"{'has no manifest' if given is None else given[:12]}): resume without "
+                            "--model, or start a new run with invoke train")
     return run_id, dataclasses.replace(
         options, data=options.data or info["data"], model=options.model or info["model"],
         backend=options.backend or info.get("backend"), config=str(runs.resume_config(run_id)))

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from mlxcluster import everywhere, paths
 from mlxcluster import train as training
 from mlxcluster.cluster import Cluster
@@ -220,3 +222,30 @@ def test_a_resume_gives_the_launcher_the_checkpoints_it_lacks_and_keeps_its_own(
     # No checkpoint on the controller yet: nothing to restore.
     monkeypatch.setattr(training, "RUNS", tmp_path / "elsewhere")
     assert not [label for label, _ in plan(cluster, resume=True).steps if label.startswith("restore")]
+
+
+def test_a_resume_with_another_model_is_refused_naming_both(tmp_path, monkeypatch):
+    from mlxcluster import runs
+    from mlxcluster.errors import UserError
+    from training.manifest import manifest_sha256, write_manifest
+
+    models = {}
+    for name, weights in (("tiny", b"\0" * 8), ("other", b"\1" * 8)):
+        models[name] = tmp_path / name
+        models[name].mkdir()
+        (models[name] / "model.safetensors").write_bytes(weights)
+        write_manifest(models[name], source=name)
+    run = tmp_path / "runs" / "r1"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("iters: 10\n")
+    runs.write_info(run, {"data": "/d/pirate", "model": str(models["tiny"]),
+                          "model_sha256": manifest_sha256(models["tiny"])})
+    monkeypatch.setattr(training, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(runs, "RUNS", tmp_path / "runs")
+    with pytest.raises(UserError, match=rf"--model {models['other']} is not the model run r1 was "
+                                        rf"trained on \({models['tiny']}, manifest sha256"):
+        training._resumed(training.Options(resume="r1", model=str(models["other"])))
+    # The same model (another copy of it is fine too), or none given: resumed.
+    run_id, options = training._resumed(training.Options(resume="r1", model=str(models["tiny"])))
+    assert run_id == "r1" and options.model == str(models["tiny"])
+    assert training._resumed(training.Options(resume="r1"))[1].model == str(models["tiny"])
