@@ -22,16 +22,17 @@ def cluster_inventory_errors(groups: dict[str, list[str]], hostvars: Any) -> lis
             continue
         plain[host] = {}
         for key in keys:
+            if key not in hostvars[host]:
+                continue
             try:
-                value = hostvars[host][key] if key in hostvars[host] else None
+                value = hostvars[host][key]
                 if isinstance(value, Undefined):
                     str(value)  # raises the undefined error, naming the variable
             except Exception as exc:  # whatever templating raised, said with the host
                 unresolved.append(f"{host}: {key} cannot be resolved ({exc}); write it out in the "
                                   "inventory, or define what it refers to")
                 continue
-            if key in hostvars[host]:
-                plain[host][key] = value
+            plain[host][key] = value
     return unresolved or inventory_errors(groups, plain)
 
 
@@ -42,13 +43,9 @@ def cluster_link_errors(settings: dict[str, Any]) -> list[str]:
     return link_errors(plain)
 
 
-def cluster_root_problem(host: str, value: Any) -> str | None:
-    """``{{ inventory_hostname | cluster_root_problem(cluster_root) }}``: None when it is fine."""
-    return cluster_root_error(host, value)
-
-
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {"cluster_inventory_errors": cluster_inventory_errors,
-                "cluster_root_problem": cluster_root_problem,
+                # {{ inventory_hostname | cluster_root_problem(cluster_root) }}: None when fine
+                "cluster_root_problem": cluster_root_error,
                 "cluster_link_errors": cluster_link_errors}

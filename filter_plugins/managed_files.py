@@ -7,6 +7,8 @@ import posixpath
 from collections.abc import Mapping
 from typing import Any
 
+from mlxcluster.known_hosts import block_of
+
 
 def files_in(contents: Mapping[str, str], directory: str, mode: str = "0644") -> list[dict[str, Any]]:
     """``{{ {'hostfile': text, ...} | files_in(dir, '0644') }}``: one entry per file, in order."""
@@ -17,12 +19,7 @@ def files_in(contents: Mapping[str, str], directory: str, mode: str = "0644") ->
 def managed_block(text: str | None, marker: str) -> list[str] | None:
     """``{{ text | managed_block(marker) }}``: the lines of the block that ansible's blockinfile
     wrote with `marker` ({mark} = BEGIN/END), or None when the text has no such block."""
-    lines = (text or "").splitlines()
-    begin, end = marker.replace("{mark}", "BEGIN"), marker.replace("{mark}", "END")
-    if begin not in lines or end not in lines[lines.index(begin):]:
-        return None
-    start = lines.index(begin) + 1
-    return lines[start:start + lines[start:].index(end)]
+    return block_of(text or "", marker.replace("{mark}", "BEGIN"), marker.replace("{mark}", "END"))
 
 
 class FilterModule:

@@ -163,7 +163,7 @@ def link_errors(hostvars: Mapping[str, Mapping[str, Any]]) -> list[str]:
 
     # Loopback is the link of a cluster that is this one machine; across machines it reaches none.
     all_local = all(hv.get("ansible_connection") == "local" for hv in hostvars.values())
-    looped = [host for host, ip in ((h, a) for a, h in owner_of_ip.items()) if ip.is_loopback]
+    looped = [host for ip, host in owner_of_ip.items() if ip.is_loopback]
     if len(hostvars) > 1 and looped and not all_local:
         errors.append(f"thunderbolt_ip of {', '.join(looped)} is a loopback address, which reaches "
                       "no other machine: give every node its address on the Thunderbolt bridge")

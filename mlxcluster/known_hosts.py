@@ -17,13 +17,19 @@ from collections.abc import Iterable, Mapping, Sequence
 KEY_TYPE = re.compile(r"^(ssh-[a-z0-9-]+|ecdsa-sha2-[a-z0-9-]+|sk-[a-z0-9@.-]+)$")
 
 
-def block_lines(text: str, begin: str, end: str) -> list[str]:
-    """The lines between the markers of the managed block of a file's text (none if absent)."""
+def block_of(text: str, begin: str, end: str) -> list[str] | None:
+    """The lines between the markers of a block blockinfile wrote in a file's text; None when the
+    text has no such block (an empty block is [])."""
     lines = text.splitlines()
     if begin not in lines or end not in lines[lines.index(begin):]:
-        return []
+        return None
     start = lines.index(begin) + 1
     return lines[start:start + lines[start:].index(end)]
+
+
+def block_lines(text: str, begin: str, end: str) -> list[str]:
+    """The lines between the markers of the managed block of a file's text (none if absent)."""
+    return block_of(text, begin, end) or []
 
 
 def _kept_for(names: Iterable[str], previous: Sequence[str], claimed: set[str]) -> list[str]:

@@ -8,11 +8,13 @@ its keys, makes the checkpoint damaged, and the one before it is used.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from pathlib import Path
 from typing import Any
+
+# The repo's one chunked sha256 (model manifests use it too).
+from training.manifest import sha256 as file_digest
 
 DIRECTORY = "checkpoints"
 ADAPTERS = "adapters.safetensors"
@@ -23,14 +25,6 @@ NAME = re.compile(r"\d{7}")
 # What resuming cannot do without in state.json (settings and data_sha256, when missing, only
 # make the checkpoint another run's, which resuming says).
 REQUIRED = ("step", "random_key")
-
-
-def file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as data:
-        while block := data.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def damage(path: Path) -> tuple[dict[str, Any] | None, str | None]:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
+from filter_plugins import cluster_inventory as inventory_plugin
 from mlxcluster.inventory import inventory_errors, link_errors, training_hosts
 
 REPO = Path(__file__).resolve().parents[2]
@@ -104,12 +104,7 @@ def test_link_rules_apply_to_the_settings_the_nodes_resolved():
 
 
 def test_the_filter_passes_only_the_link_settings_that_are_set():
-    spec = importlib.util.spec_from_file_location(
-        "cluster_inventory", REPO / "filter_plugins" / "cluster_inventory.py")
-    assert spec and spec.loader
-    plugin = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plugin)
-    link = plugin.FilterModule().filters()["cluster_link_errors"]
+    link = inventory_plugin.FilterModule().filters()["cluster_link_errors"]
     assert link({"node1": {"thunderbolt_ip": None, "thunderbolt_interface": "bridge0",
                            "thunderbolt_mtu": 1500, "other": "ignored"}}) == [
         "node1: no thunderbolt_ip: set thunderbolt_ip: <its address on the Thunderbolt "

@@ -3,7 +3,6 @@ what the launch code (mlxcluster/cluster.py) makes of it."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from filter_plugins import cluster_record as record_plugin
 from mlxcluster.cluster import Cluster, NotReady, check_ready
 from mlxcluster.record import LEARNED, previous_nodes
 
@@ -35,16 +35,7 @@ def hostvars(**overrides: dict) -> dict[str, dict]:
     return hv
 
 
-def load_filter():
-    spec = importlib.util.spec_from_file_location(
-        "cluster_record", REPO / "filter_plugins" / "cluster_record.py")
-    assert spec and spec.loader
-    plugin = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plugin)
-    return plugin.FilterModule().filters()["cluster_record"]
-
-
-cluster_record = load_filter()
+cluster_record = record_plugin.FilterModule().filters()["cluster_record"]
 GROUPS = {"cluster": list(NODES), "linux": list(NODES), "launcher": ["node1"]}
 FACTS = set(LEARNED.values())
 
