@@ -140,7 +140,7 @@ def train(c, inventory=None, config=None, data=None, model=None, iters=None, bat
           extra="", backend=None, interface=None, btl_tcp_links=None, threads=None,
           resume=None, dry_run=False):
     """Fine-tune on the cluster: sync data, code and model, mpirun on every slot, fetch results."""
-    results = training.train(recorded(_inventory(c, inventory)), training.Options(
+    results = training.train(_inventory(c, inventory), training.Options(
         config=config, data=data, model=model, iters=_int(iters), batch_size=_int(batch_size),
         extra=extra, backend=backend, interface=interface, btl_tcp_links=_int(btl_tcp_links),
         threads=_int(threads), resume=resume, dry_run=dry_run))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from mlxcluster.record import record, seen_in_run
+from mlxcluster.record import planned, record, seen_in_run
 
 
 def cluster_record(groups: Mapping[str, list[str]], hostvars: Any, targeted: Iterable[str],
@@ -18,4 +18,6 @@ def cluster_record(groups: Mapping[str, list[str]], hostvars: Any, targeted: Ite
 
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"cluster_record": cluster_record}
+        return {"cluster_record": cluster_record,
+                # {{ groups | cluster_plan(hostvars) }}: the layout from the inventory alone
+                "cluster_plan": planned}

@@ -47,10 +47,14 @@ def provision(inventory: str | Path, **kwargs: object) -> list[str]:
                             **kwargs)  # type: ignore[arg-type]
 
 
-def render_hostfiles(inventory: str | Path, output: str | Path) -> list[str]:
-    """Render the MPI hostfile and MLX hosts.json into ``output``, touching no host."""
-    return ansible_playbook(str(REPO / "playbooks" / "render.yml"), inventory,
-                            extra_vars={"hostfile_build_dir": str(Path(output).resolve())})
+def render_hostfiles(inventory: str | Path, output: str | Path, *,
+                     plan: str | Path | None = None) -> list[str]:
+    """Render the MPI hostfile and MLX hosts.json into ``output``, touching no host; with
+    ``plan``, also the layout the inventory alone gives (mlxcluster/preview.py) into that file."""
+    extra = {"hostfile_build_dir": str(Path(output).resolve())}
+    if plan:
+        extra["hostfile_plan_path"] = str(Path(plan).resolve())
+    return ansible_playbook(str(REPO / "playbooks" / "render.yml"), inventory, extra_vars=extra)
 
 
 _RECAP = re.compile(

@@ -21,6 +21,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from jinja2 import Undefined
+
 from mlxcluster.cluster import REQUIRED_PATHS
 
 # What a node's roles tell the record: the node field and the fact (set_fact) it comes from.
@@ -115,14 +117,19 @@ def node_settings(name: str, hostvars: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def rank_order(groups: Mapping[str, list[str]]) -> list[str]:
+    """The inventory's nodes in rank order: the launcher first."""
+    launcher = groups["launcher"][0]
+    return [launcher, *(h for h in groups["cluster"] if h != launcher)]
+
+
 def seen_in_run(groups: Mapping[str, list[str]], hostvars: Mapping[str, Any],
                 targeted: Iterable[str], answered: Iterable[str]) -> list[Seen]:
     """Every inventory node as this run saw it (`targeted`: ansible_play_hosts_all, `answered`:
     ansible_play_hosts)."""
     targeted, answered = set(targeted), set(answered)
-    launcher = groups["launcher"][0]
     seen = []
-    for name in [launcher, *(h for h in groups["cluster"] if h != launcher)]:
+    for name in rank_order(groups):
         hv = hostvars[name]
         alive = name in answered
         seen.append(Seen(
@@ -131,3 +138,24 @@ def seen_in_run(groups: Mapping[str, list[str]], hostvars: Mapping[str, Any],
             learned={field: hv[fact] for field, fact in LEARNED.items()
                      if alive and fact in hv and hv[fact] is not None}))
     return seen
+
+
+def _resolved(hv: Mapping[str, Any], key: str) -> Any:
+    """A variable's value, or None where it needs what only a run learns (facts, say)."""
+    try:
+        value = hv[key] if key in hv else None
+        if isinstance(value, Undefined):
+            return None
+    except Exception:  # templating raised: the value depends on something not known yet
+        return None
+    return value
+
+
+def planned(groups: Mapping[str, list[str]], hostvars: Mapping[str, Any]) -> dict[str, Any]:
+    """The record as the inventory alone gives it, before any run (`invoke train --dry-run` on a
+    cluster not provisioned yet): every node's settings and, when the inventory resolves it
+    without facts, its cluster_root; nothing learned."""
+    return record(groups["launcher"][0],
+                  [Seen(settings=node_settings(name, hostvars),
+                        cluster_root=_resolved(hostvars[name], "cluster_root"))
+                   for name in rank_order(groups)], None)

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mlxcluster import doctor, inputs, launch, local, relay, runs, sync
-from mlxcluster.cluster import Cluster, Recorded
+from mlxcluster import doctor, inputs, launch, local, preview, relay, runs, sync
+from mlxcluster.cluster import Cluster, Recorded, recorded
 from mlxcluster.errors import Interrupted, UserError
 from mlxcluster.paths import REPO, RUNS
 from training.manifest import manifest_sha256
@@ -99,8 +99,10 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
                 sync.pull(cluster.head, run_dir, RUNS / run_id))
 
 
-def show(plan: Plan) -> None:
-    """--dry-run: every command, in order."""
+def show(plan: Plan, notes: Sequence[str] = ()) -> None:
+    """--dry-run: what the plan rests on (`notes`), then every command, in order."""
+    for note in notes:
+        print(f"# {note}")
     sync.run_steps(plan.steps, dry_run=True)
     print(f"# launch on {plan.cluster.head.name}\n{shlex.join(plan.launch)}")
     print(f"# bring the results back\n{shlex.join(plan.pull)}")
@@ -232,9 +234,10 @@ def request_for(rec: Recorded, options: Options, *, fetch: bool) -> Request:
                    installed["path"] if installed else None)
 
 
-def train(rec: Recorded, options: Options) -> Path | None:
+def train(inventory: str, options: Options) -> Path | None:
     """invoke train: a new run, or a resumed one, on the recorded cluster; its runs/<id> (None:
-    dry run)."""
+    dry run, which also plans on a cluster not provisioned yet)."""
+    rec, notes = preview.layout(inventory) if options.dry_run else (recorded(inventory), [])
     resume_run, options = _resumed(options)
     if options.backend not in (None, *launch.BACKENDS):
         raise UserError(f"--backend must be mpi or ring, not {options.backend!r}")
@@ -242,7 +245,7 @@ def train(rec: Recorded, options: Options) -> Path | None:
     the_plan = plan(rec.cluster, request, run_id=resume_run or runs.new_id(),
                     resume=resume_run is not None)
     if options.dry_run:
-        show(the_plan)
+        show(the_plan, notes)
         return None
     doctor.preflight(rec.cluster, inputs.model_bytes(request.model))
     return execute(the_plan, rec.inventory)

@@ -104,12 +104,15 @@ def test_dry_run_prints_the_commands_and_touches_no_host(tmp_path):
         assert proc.returncode == 0, proc.stderr
         assert "# launch on node1" in proc.stdout and "mpirun" in proc.stdout
         assert "==>" not in proc.stdout  # nothing ran
+        # A plan still shows what a run would do, and why a real run would stop.
         (build / "hostfile").write_text("10.78.5.11 slots=1\n")
         proc = subprocess.run([str(Path(sys.executable).parent / "invoke"), "train", "-i",
-                               str(inventory), "--dry-run"], cwd=REPO, capture_output=True,
-                              text=True)
-        assert proc.returncode != 0
-        assert "does not match the inventory" in proc.stderr
+                               str(inventory), "--dry-run", "--data", "/d/p", "--model", "/m/t"],
+                              cwd=REPO, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith("# a real run would stop now: cannot launch: the rendered "
+                                      "hostfile does not match the inventory")
+        assert "# launch on node1" in proc.stdout
     finally:
         for f in build.iterdir():
             f.unlink()
@@ -249,3 +252,50 @@ def test_a_resume_with_another_model_is_refused_naming_both(tmp_path, monkeypatc
     run_id, options = training._resumed(training.Options(resume="r1", model=str(models["tiny"])))
     assert run_id == "r1" and options.model == str(models["tiny"])
     assert training._resumed(training.Options(resume="r1"))[1].model == str(models["tiny"])
+
+
+def dry_run(inventory: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(Path(sys.executable).parent / "invoke"), "train", "-i", str(inventory),
+                           "--dry-run", "--data", "/d/pirate", "--model", "/m/tiny"],
+                          cwd=REPO, capture_output=True, text=True)
+
+
+def test_a_dry_run_before_provisioning_plans_from_the_inventory_alone(tmp_path):
+    # Two Macs that do not exist: the plan must come without reaching them, and leave the
+    # inventory's build folder (provisioning's) as it was: absent.
+    inventory = tmp_path / f"unprovisioned-{os.getpid()}" / "inventory" / "hosts.yml"
+    inventory.parent.mkdir(parents=True)
+    macs = {f"mac{i}": {"ansible_host": f"mac{i}.invalid", "thunderbolt_ip": f"192.168.200.{i}"}
+            for i in (1, 2)}
+    inventory.write_text(json.dumps({"cluster": {"children": {"macs": {"hosts": macs}},
+                                                 "vars": {"ansible_user": "mlx"}},
+                                     "launcher": {"hosts": {"mac2": None}}}))
+    proc = dry_run(inventory)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert out.startswith("# not provisioned yet: the layout comes from the inventory alone\n")
+    # Each value provisioning fills in is a placeholder, and the header says where it comes from.
+    for placeholder, source in (("@CLUSTER_ROOT@", "facts"), ("@VENV@", "roles/python_env"),
+                                ("@ENV_FILE@", "roles/python_env"),
+                                ("@OPENMPI_PREFIX@", "roles/openmpi")):
+        [line] = [line for line in out.splitlines() if line.startswith(f"# {placeholder}: ")]
+        assert source in line
+    launch = out.split("# launch on mac2\n")[1].splitlines()[0]
+    assert launch.startswith("ssh -o BatchMode=yes mlx@mac2.invalid '. @ENV_FILE@ && ")
+    assert "@OPENMPI_PREFIX@/bin/mpirun --hostfile @CLUSTER_ROOT@/hostfile -np 2 " in launch
+    assert "@VENV@/bin/python -m training.finetune --model @CLUSTER_ROOT@/models/tiny " in launch
+    assert "mlx@mac1.invalid:@CLUSTER_ROOT@/work/data/pirate/" in out
+    assert not paths.build_dir_for(inventory).exists()
+
+    # What the inventory says is shown as it is; a bad inventory is refused as provisioning would.
+    text = json.loads(inventory.read_text())
+    text["cluster"]["vars"]["cluster_root"] = "/opt/mlx"
+    inventory.write_text(json.dumps(text))
+    out = dry_run(inventory).stdout
+    assert "@CLUSTER_ROOT@" not in out and "--hostfile /opt/mlx/hostfile" in out
+    text["cluster"]["children"]["macs"]["hosts"]["mac1"]["thunderbolt_ip"] = "192.168.200.2"
+    inventory.write_text(json.dumps(text))
+    proc = dry_run(inventory)
+    assert proc.returncode != 0
+    assert "192.168.200.2" in proc.stderr and "mac1" in proc.stderr
+    assert not paths.build_dir_for(inventory).exists()
