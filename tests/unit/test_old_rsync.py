@@ -1,0 +1,101 @@
+"""Every copy of a plan as rsync 2.6.9 (what macOS ships) makes it: remote paths go through the
+remote shell unescaped, so a space or `$(...)` in one would split it or run.
+
+Stand-ins, named as such: `ssh` below runs the remote command with `sh -c` on this machine, as
+sshd runs it with the login shell, and RSYNC_OLD_ARGS=1 makes this rsync pass remote paths the
+way 2.6.9 did (rsync's documented --old-args). The first test checks the stand-ins reproduce the
+hazard the issue saw; the others run a real plan's copies through them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from mlxcluster import train as training
+from mlxcluster.cluster import Cluster
+from mlxcluster.inventory import cluster_root_error
+
+SSH_STANDIN = """#!/bin/sh
+# ssh stand-in: skip the options, drop the destination, run the rest as sshd would.
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -o|-i|-p|-l|-F) shift 2 ;;
+    -*) shift ;;
+    *) shift; break ;;
+  esac
+done
+exec sh -c "$*"
+"""
+
+
+@pytest.fixture
+def old_rsync(tmp_path: Path) -> dict[str, str]:
+    """The environment in which rsync and ssh behave as from a Mac to a node."""
+    bin_dir = tmp_path / "standin-bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(SSH_STANDIN)
+    (bin_dir / "ssh").chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RSYNC_OLD_ARGS": "1"}
+
+
+def files_under(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_the_standins_split_a_remote_path_with_a_space_as_old_rsync_did(tmp_path, old_rsync):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a").write_text("new")
+    (tmp_path / "my").mkdir()
+    (tmp_path / "my" / "keep").write_text("a sibling's file")
+    subprocess.run(["rsync", "-a", "--delete", "-e", "ssh", f"{tmp_path / 'src'}/",
+                    f"node:{tmp_path / 'my root'}/"], env=old_rsync, check=True, capture_output=True)
+    # The path split at the space: the sibling folder `my` got the copy, and lost its own file.
+    assert files_under(tmp_path / "my") == {"a": "new"}
+    # Which is why such a cluster_root is refused before anything is copied.
+    assert cluster_root_error("node", str(tmp_path / "my root"))
+    assert cluster_root_error("node", f"{tmp_path}/$(touch pwned)")
+
+
+def node_layout(root: Path) -> dict:
+    return {"launcher": "node1", "nodes": [{
+        "name": "node1", "thunderbolt_ip": "10.78.5.11", "slots": 1, "cluster_root": str(root),
+        "venv": f"{root}/venv", "env_file": f"{root}/env.sh", "openmpi_prefix": "/usr",
+        "connection": {"type": "ssh", "host": "node1.invalid", "user": "mlx"}}]}
+
+
+def test_every_copy_of_a_plan_lands_where_planned_with_old_rsync(tmp_path, old_rsync, monkeypatch):
+    root = tmp_path / "node" / "mlx-cluster"
+    assert cluster_root_error("node1", str(root)) is None
+    inputs = tmp_path / "controller"
+    for name, content in (("pirate/train.jsonl", "rows"), ("pirate/valid.jsonl", "rows"),
+                          ("tiny-model/config.json", "{}"), ("my.yaml", "iters: 5\n"),
+                          ("runs/r1/checkpoints/0000010/state.json", "{}")):
+        (inputs / name).parent.mkdir(parents=True, exist_ok=True)
+        (inputs / name).write_text(content)
+    monkeypatch.setattr(training, "RUNS", inputs / "runs")
+    request = training.Request(inputs / "pirate", inputs / "tiny-model", inputs / "my.yaml",
+                               interactive=False)
+    the_plan = training.plan(Cluster.from_json(node_layout(root)), request, run_id="r1", resume=True)
+    copies = [cmd for label, cmd in the_plan.steps if not label.startswith("verify")]
+    assert len(copies) == 5  # code, data, config, the model, the checkpoints
+    for cmd in copies:
+        subprocess.run(cmd, env=old_rsync, check=True, capture_output=True)
+    landed = files_under(root)
+    assert landed["work/data/pirate/train.jsonl"] == "rows"
+    assert landed["models/tiny-model/config.json"] == "{}"
+    assert landed["work/config/my.yaml"] == "iters: 5\n"
+    assert landed["runs/r1/checkpoints/0000010/state.json"] == "{}"
+    assert "work/training/finetune.py" in landed
+    # Nothing landed beside the node's root, and the launch names the paths the copies made.
+    assert sorted(p.name for p in (tmp_path / "node").iterdir()) == ["mlx-cluster"]
+    for path in (f"{root}/models/tiny-model", f"{root}/work/data/pirate", f"{root}/work/config/my.yaml"):
+        assert path in the_plan.launch[-1]
+
+    # The results come back the same way.
+    (root / "runs" / "r1" / "adapters.safetensors").write_text("weights")
+    subprocess.run(the_plan.pull, env=old_rsync, check=True, capture_output=True)
+    assert (inputs / "runs" / "r1" / "adapters.safetensors").read_text() == "weights"
