@@ -239,17 +239,20 @@ def bench_provision(c, nodes=3, id=8, output=None):
     "overhead_iters": "Steps of each overhead run, ours and stock mlx_lm lora (default 40; 0 "
                       "skips the overhead comparison)",
     "overhead_rounds": "Overhead rounds, each our run then stock's (default 2)",
+    "data": "Prepared data directory (default: the bundled pirate demo)",
+    "model": "Model directory (default: SmolLM2-135M in float32, fetched on first use)",
     "output": "JSON file to write (default runs/bench/train-<time>.json)"})
 def bench_train(c, id=8, iters=30, rounds=2, batch_size=4, blas_iters=3, quality_iters=None,
-                overhead_iters=40, overhead_rounds=2, output=None):
+                overhead_iters=40, overhead_rounds=2, data=None, model=None, output=None):
     """Scaling (2 ranks over 1), BLAS, pirate quality and overhead over stock mlx-lm.
 
     Runs on a fresh 2-node lab cluster with SmolLM2-135M and the bundled pirate data.
     """
-    bench_train_module.run(lab_id=int(id), iters=int(iters), rounds=int(rounds),
-                           batch_size=int(batch_size), blas_iters=int(blas_iters),
-                           quality_iters=_int(quality_iters), overhead_iters=int(overhead_iters),
-                           overhead_rounds=int(overhead_rounds), output=output)
+    parts = bench_train_module.Parts(
+        iters=int(iters), rounds=int(rounds), batch_size=int(batch_size), blas_iters=int(blas_iters),
+        quality_iters=_int(quality_iters), overhead_iters=int(overhead_iters),
+        overhead_rounds=int(overhead_rounds))
+    bench_train_module.run(lab_id=int(id), parts=parts, data=data, model=model, output=output)
 
 
 @task(name="links", help={

@@ -109,11 +109,11 @@ def _stamped(layout: Cluster, cmd: list[str], marker: str) -> list[tuple[float, 
     return relayed.stamped
 
 
-def _ours(layout: Cluster, data: Path, model: Path, iters: int, run_id: str
-          ) -> tuple[dict[int, tuple[float, float | None]], dict[int, int], float]:
+def _ours(layout: Cluster, data: Path, model: Path, iters: int, run_id: str,
+          settings: Mapping[str, Any]) -> tuple[dict[int, tuple[float, float | None]], dict[int, int], float]:
     """Our run, planned and launched as invoke train does it: its report times, its tokens by
     step, and the tokens/s it reports itself (summary.json)."""
-    request = train.Request(data, model, overrides=ours_flags(iters), interactive=False)
+    request = train.Request(data, model, overrides=ours_flags(iters, settings), interactive=False)
     plan = train.plan(layout, request, run_id=run_id)
     sync.run_steps(plan.steps)
     stamped = _stamped(layout, plan.launch, plan.marker)
@@ -124,8 +124,8 @@ def _ours(layout: Cluster, data: Path, model: Path, iters: int, run_id: str
     return report_times(stamped, stock=False), tokens, summary["tokens_per_second"]
 
 
-def _stock(layout: Cluster, data: Path, model: Path, iters: int, run_id: str
-           ) -> dict[int, tuple[float, float | None]]:
+def _stock(layout: Cluster, data: Path, model: Path, iters: int, run_id: str,
+           settings: Mapping[str, Any]) -> dict[int, tuple[float, float | None]]:
     """Stock mlx_lm lora on the same node and files: its report times and token counts."""
     head = layout.head
     placed = sync.placement(layout, data, model)
@@ -134,12 +134,13 @@ def _stock(layout: Cluster, data: Path, model: Path, iters: int, run_id: str
         sync.run_steps([(f"put the stock run's LoRA config on {head.name}",
                          sync.push(Path(local), head, f"{head.work_dir}/bench-overhead"))])
     program = stock_program(placed.model, placed.data, f"{head.runs_dir}/{run_id}", iters,
-                            f"{head.work_dir}/bench-overhead/lora.yaml")
+                            f"{head.work_dir}/bench-overhead/lora.yaml", settings)
     cmd = launch.command(layout, launch.Job(program, backend="direct"))
     return report_times(_stamped(layout, cmd, f"runs/{run_id}"), stock=True)
 
 
-def compare(layout: Cluster, data: Path, model: Path, *, iters: int, rounds: int) -> dict[str, Any]:
+def compare(layout: Cluster, data: Path, model: Path, *, iters: int, rounds: int,
+            settings: Mapping[str, Any] = SETTINGS) -> dict[str, Any]:
     """`rounds` of (ours, stock) on the launcher: tokens/s of each over the steady window and
     their ratio, per round and overall."""
     bounds = window(iters)
@@ -147,11 +148,12 @@ def compare(layout: Cluster, data: Path, model: Path, *, iters: int, rounds: int
     per_round = []
     for index in range(rounds):
         print(f"==> overhead, round {index + 1} of {rounds}: our invoke train, 1 rank", flush=True)
-        ours, tokens, reported = _ours(layout, data, model, iters, f"bench-ours-{when}-{index}")
+        ours, tokens, reported = _ours(layout, data, model, iters, f"bench-ours-{when}-{index}",
+                                       settings)
         print(f"==> overhead, round {index + 1} of {rounds}: stock mlx_lm lora", flush=True)
-        stock = _stock(layout, data, model, iters, f"bench-stock-{when}-{index}")
+        stock = _stock(layout, data, model, iters, f"bench-stock-{when}-{index}", settings)
         per_round.append(compare_round(ours, stock, tokens, bounds, reported))
-    return _summary(per_round, iters, bounds)
+    return _summary(per_round, iters, bounds, settings)
 
 
 def compare_round(ours: Mapping[int, tuple[float, float | None]],
@@ -171,10 +173,11 @@ def compare_round(ours: Mapping[int, tuple[float, float | None]],
             "window_tokens": tokens[bounds[1]] - tokens[bounds[0]]}
 
 
-def _summary(per_round: list[dict[str, Any]], iters: int, bounds: tuple[int, int]) -> dict[str, Any]:
+def _summary(per_round: list[dict[str, Any]], iters: int, bounds: tuple[int, int],
+             settings: Mapping[str, Any]) -> dict[str, Any]:
     ours = statistics.fmean(r["ours_tokens_per_second"] for r in per_round)
     stock = statistics.fmean(r["stock_tokens_per_second"] for r in per_round)
-    return {"iters": iters, "settings": {**SETTINGS, "lora_parameters": LORA},
+    return {"iters": iters, "settings": {**settings, "lora_parameters": LORA},
             "window_reports": list(bounds), "rounds": per_round,
             "ours_tokens_per_second": round(ours, 1), "stock_tokens_per_second": round(stock, 1),
             "ours_over_stock": round(ours / stock, 4), "target": 0.97}

@@ -15,6 +15,7 @@ import concurrent.futures
 import json
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +31,21 @@ def _on_node(cluster: Cluster, node: Node, program: list[str], threads: int | No
     return remote.output(node, launch.command(cluster.only(node), job))
 
 
+def lora_layers(model: Path) -> list[str]:
+    """The flag that gives every part lora.yaml's 8 LoRA layers, or all of a smaller model's
+    (--model: a model with fewer layers would be refused)."""
+    layers = json.loads((model / "config.json").read_text()).get("num_hidden_layers", 8)
+    return ["--num-layers", str(min(8, int(layers)))]
+
+
 def scaling(cluster: Cluster, inventory: str, data: Path, model: Path, *, iters: int,
             batch_size: int, rounds: int) -> dict[str, Any]:
     """tokens/s of the same run on 1 rank and on 2 (one per node), launched as invoke train does."""
     # Same global batch and steps; one BLAS thread per rank, so a rank is one core's work.
     request = train.Request(data, model, threads=1, overrides=[
-        "--iters", str(iters), "--batch-size", str(batch_size), "--steps-per-report", "5",
-        "--steps-per-eval", str(iters), "--val-batches", "2", "--save-every", str(iters)])
+        *lora_layers(model), "--iters", str(iters), "--batch-size", str(batch_size),
+        "--steps-per-report", "5", "--steps-per-eval", str(iters), "--val-batches", "2",
+        "--save-every", str(iters)])
     # Alternate the two so that a slow spell of the (shared) machine hits both alike.
     speeds: dict[str, list[float]] = {"one_rank": [], "two_ranks": []}
     run_dirs: dict[str, list[str]] = {"one_rank": [], "two_ranks": []}
@@ -83,7 +92,8 @@ def blas(cluster: Cluster, data: Path, model: Path, *, iters: int, batch_size: i
         print(f"==> BLAS: {iters} steps on {head.name} with {name}", flush=True)
         run_dir = f"{head.runs_dir}/bench-{name}"
         program = train.finetune_argv(model=placed.model, data=placed.data, adapter_path=run_dir,
-                                      overrides=["--iters", str(iters), "--batch-size", str(batch_size),
+                                      overrides=[*lora_layers(model), "--iters", str(iters),
+                                                 "--batch-size", str(batch_size),
                                                  "--steps-per-report", "1", "--steps-per-eval", str(iters),
                                                  "--val-batches", "1", "--save-every", str(iters)])
         # Stock mlx[cpu]: the same venv and command, only without the LD_PRELOAD env.sh adds.
@@ -105,7 +115,8 @@ def quality(cluster: Cluster, inventory: str, data: Path, model: Path,
     head = cluster.head
     print("==> quality: the pirate fine-tune on 2 ranks", flush=True)
     tuned = train.launch_run(cluster, train.Request(
-        data, model, threads=1, overrides=["--iters", str(iters)] if iters else []), inventory)
+        data, model, threads=1, overrides=[*lora_layers(model), *(["--iters", str(iters)] if iters else [])]),
+        inventory)
     print("==> quality: base and fine-tuned answers to 20 held-out prompts", flush=True)
     ask = ["python", "-m", "training.pirate", "--model", f"{head.models_dir}/{model.name}",
            "--max-tokens", "80"]
@@ -125,32 +136,57 @@ def quality(cluster: Cluster, inventory: str, data: Path, model: Path,
     }
 
 
-def run(*, lab_id: int = 8, iters: int = 30, rounds: int = 2, batch_size: int = 4,
-        blas_iters: int = 3, quality_iters: int | None = None, overhead_iters: int = 40,
-        overhead_rounds: int = 2, output: str | None = None) -> Path:
-    """Provision a fresh 2-node lab and measure each part (a count of 0 skips that part)."""
-    data, model = inputs.demo_data(), inputs.demo_model("float32")
-    result: dict[str, Any] = {"benchmark": "train", "date": results.date(), "model": model.name,
-                              "data": str(data), "host_cpus": os.cpu_count()}
+@dataclass(frozen=True)
+class Parts:
+    """What each part runs (a count of 0 skips that part; quality_iters None: lora.yaml's)."""
+
+    iters: int = 30
+    rounds: int = 2
+    batch_size: int = 4
+    blas_iters: int = 3
+    quality_iters: int | None = None
+    overhead_iters: int = 40
+    overhead_rounds: int = 2
+
+
+def measure(cluster: Cluster, inventory: str, data: Path, model: Path, parts: Parts) -> dict[str, Any]:
+    """Each part on a provisioned 2-node cluster (one slot per node): its results by name."""
+    if cluster.world_size != 2 or len(cluster.training_nodes) != 2:
+        raise UserError(f"bench.train needs 2 nodes with one slot each, not {cluster.hostfile_lines()}")
+    result: dict[str, Any] = {}
+    if parts.overhead_iters:
+        result["overhead"] = overhead.compare(
+            cluster.first_nodes(1), data, model, iters=parts.overhead_iters, rounds=parts.overhead_rounds,
+            settings={**overhead.SETTINGS, "num_layers": int(lora_layers(model)[1])})
+    if parts.iters:
+        result["scaling"] = scaling(cluster, inventory, data, model, iters=parts.iters,
+                                    batch_size=parts.batch_size, rounds=parts.rounds)
+    if parts.blas_iters:
+        if not (parts.iters or parts.overhead_iters):  # those put the model and the data on the node
+            train.launch_run(cluster, train.Request(
+                data, model, overrides=[*lora_layers(model), "--iters", "1"]), inventory)
+        result["blas"] = blas(cluster, data, model, iters=parts.blas_iters, batch_size=parts.batch_size)
+    if parts.quality_iters is None or parts.quality_iters:
+        result["quality"] = quality(cluster, inventory, data, model, parts.quality_iters)
+    return result
+
+
+def run(*, lab_id: int = 8, parts: Parts = Parts(), data: str | None = None, model: str | None = None,
+        output: str | None = None) -> Path:
+    """Provision a fresh 2-node lab and measure each part on it; the JSON written. data and
+    model default to the pirate demo and SmolLM2-135M (float32, as Linux nodes train)."""
+    data_dir = Path(data) if data else inputs.demo_data()
+    model_dir = Path(model) if model else inputs.demo_model("float32")
+    for path, what in ((data_dir, "data"), (model_dir, "model")):
+        if not path.is_dir():
+            raise UserError(f"--{what} {path} is not a directory")
+    result: dict[str, Any] = {"benchmark": "train", "date": results.date(), "model": model_dir.name,
+                              "data": str(data_dir), "host_cpus": os.cpu_count()}
     with tempfile.TemporaryDirectory(prefix="mlx-bench-facts-") as facts, \
             lab.fresh(2, lab_id) as inventory:
         print("==> provisioning a 2-node lab cluster", flush=True)
         ansible.timed_run(ansible.provision(inventory), lab.ansible_env(Path(facts)))
-        cluster, inv = recorded(str(inventory)).cluster, str(inventory)
-        if cluster.world_size != 2 or len(cluster.training_nodes) != 2:
-            raise UserError(f"the lab should have one slot per node, not {cluster.hostfile_lines()}")
-        if overhead_iters:
-            result["overhead"] = overhead.compare(cluster.first_nodes(1), data, model,
-                                                  iters=overhead_iters, rounds=overhead_rounds)
-        if iters:
-            result["scaling"] = scaling(cluster, inv, data, model, iters=iters,
-                                        batch_size=batch_size, rounds=rounds)
-        if blas_iters:
-            if not (iters or overhead_iters):  # those put the model and the data on the node
-                train.launch_run(cluster, train.Request(data, model, overrides=["--iters", "1"]), inv)
-            result["blas"] = blas(cluster, data, model, iters=blas_iters, batch_size=batch_size)
-        if quality_iters is None or quality_iters:
-            result["quality"] = quality(cluster, inv, data, model, quality_iters)
+        result |= measure(recorded(str(inventory)).cluster, str(inventory), data_dir, model_dir, parts)
     out = results.write("train", result, output)
     shown = {k: v for k, v in result.items() if k != "quality"}
     if "quality" in result:

@@ -303,6 +303,39 @@ def test_a_node_dropping_off_the_link_stops_the_run_and_is_named(provisioned, ti
     assert stopped < 90
 
 
+def test_every_part_of_bench_train_runs_and_reports(provisioned, tiny_inputs):
+    """invoke bench.train's parts, each briefly, on the provisioned pair (bench.train itself
+    provisions a fresh lab first, as the session's lab was)."""
+    from mlxcluster.bench import train as bench_train
+    from mlxcluster.cluster import recorded
+
+    model_dir, data_dir = tiny_inputs
+    parts = bench_train.Parts(iters=5, rounds=1, batch_size=2, blas_iters=2, quality_iters=2,
+                              overhead_iters=15, overhead_rounds=1)
+    inventory = str(provisioned.inventory)
+    result = bench_train.measure(recorded(inventory).cluster, inventory, data_dir, model_dir, parts)
+    made = [Path(p) for runs in result["scaling"]["runs"].values() for p in runs]
+    made.append(Path(result["quality"]["run"]))
+    try:
+        assert sorted(result) == ["blas", "overhead", "quality", "scaling"]
+        overhead = result["overhead"]
+        assert overhead["ours_tokens_per_second"] > 0 and overhead["stock_tokens_per_second"] > 0
+        assert overhead["ours_over_stock"] > 0 and overhead["rounds"][0]["window_tokens"] > 0
+        scaling = result["scaling"]
+        assert scaling["one_rank_tokens_per_second"] > 0 and scaling["two_over_one"] > 0
+        assert scaling["matmul_gflops_one_node_alone"] > 0
+        blas = result["blas"]
+        assert blas["openblas_tokens_per_second"] > 0 and blas["stock_mlx_cpu_tokens_per_second"] > 0
+        quality = result["quality"]
+        assert quality["summary"]["world_size"] == 2 and quality["prompts"] == 20
+        assert len(quality["examples"]) == 3
+        for run_dir in made:
+            assert (run_dir / "summary.json").exists(), run_dir
+    finally:
+        for run_dir in made:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
 def test_train_stops_before_launching_when_a_node_is_down(provisioned, tmp_path):
     """Last in this file: node2 stays down."""
     lab.stop_node(provisioned.lab, 2)
