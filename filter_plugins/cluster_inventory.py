@@ -13,7 +13,8 @@ LINK_KEYS = ("thunderbolt_ip", "thunderbolt_prefix", "thunderbolt_interface", "t
 
 def cluster_inventory_errors(groups: dict[str, list[str]], hostvars: Any) -> list[str]:
     """``{{ groups | cluster_inventory_errors(hostvars) }}``: problems found, one per line."""
-    keys = (*LINK_KEYS, "mpi_slots", "ansible_host", "ansible_user", "ansible_connection")
+    keys = (*LINK_KEYS, "mpi_slots", "ansible_host", "ansible_user", "ansible_connection",
+            "thunderbolt_topology", "thunderbolt_links", "thunderbolt_link_pool", "cluster_backend")
     hosts = sorted(set(groups.get("cluster", [])) | set(groups.get("launcher", [])))
     unresolved: list[str] = []
     plain: dict[str, dict[str, Any]] = {}

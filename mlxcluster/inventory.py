@@ -14,6 +14,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from mlxcluster import topology
+from mlxcluster.topology import INTERFACE_NAME
+
 PLATFORM_GROUPS = ("macs", "linux")
 # The thunderbolt role's defaults, for hosts whose inventory does not set them.
 DEFAULT_PREFIX = 24
@@ -21,8 +24,6 @@ DEFAULT_MTU = 1500
 # From the 576 bytes every IPv4 host must accept (RFC 791) to Linux loopback's 65536.
 MIN_MTU = 576
 MAX_MTU = 65536
-# Interface names as Linux allows them at most (15 characters), in plain characters.
-INTERFACE_NAME = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")
 # Ranks on one machine: far above any Mac's cores, far below what would make rendering hang.
 MAX_SLOTS = 1024
 # cluster_root goes into shell lines and rsync's remote paths (old rsync, as macOS ships, hands
@@ -100,13 +101,8 @@ def _node_link(host: str, hv: Mapping[str, Any]
     elif not INTERFACE_NAME.fullmatch(iface):
         errors.append(f"{host}: thunderbolt_interface {iface!r} is not an interface name (at most 15 "
                       "letters, digits and . _ - : @, like bridge0 or thunderbolt0)")
-    raw_mtu = hv.get("thunderbolt_mtu", DEFAULT_MTU)
-    mtu = _as_int(raw_mtu)
-    if mtu is None or not MIN_MTU <= mtu <= MAX_MTU:
-        errors.append(f"{host}: thunderbolt_mtu {raw_mtu!r} is not an MTU between {MIN_MTU} "
-                      f"and {MAX_MTU}; set thunderbolt_mtu: {DEFAULT_MTU} (9000 for jumbo "
-                      "frames) for the whole cluster")
-        mtu = None
+    mtu, problems = _mtu(host, hv)
+    errors += problems
     raw_ip = hv.get("thunderbolt_ip")
     if raw_ip in (None, ""):
         errors.append(f"{host}: no thunderbolt_ip: set thunderbolt_ip: <its address on the "
@@ -172,12 +168,39 @@ def link_errors(hostvars: Mapping[str, Mapping[str, Any]]) -> list[str]:
         detail = "; ".join(f"{net}: {', '.join(hosts)}" for net, hosts in by_network.items())
         errors.append(f"the thunderbolt IPs are not in one subnet ({detail}): put every node "
                       "in one subnet (or fix thunderbolt_prefix)")
+    return errors + _same_mtu(mtus)
+
+
+def _mtu(host: str, hv: Mapping[str, Any]) -> tuple[int | None, list[str]]:
+    raw = hv.get("thunderbolt_mtu", DEFAULT_MTU)
+    mtu = _as_int(raw)
+    if mtu is None or not MIN_MTU <= mtu <= MAX_MTU:
+        return None, [f"{host}: thunderbolt_mtu {raw!r} is not an MTU between {MIN_MTU} and "
+                      f"{MAX_MTU}; set thunderbolt_mtu: {DEFAULT_MTU} (9000 for jumbo frames) for "
+                      "the whole cluster"]
+    return mtu, []
+
+
+def _same_mtu(mtus: Mapping[str, int]) -> list[str]:
     by_mtu = _hosts_by_value(mtus)
-    if len(by_mtu) > 1:
-        detail = "; ".join(f"{mtu}: {', '.join(hosts)}" for mtu, hosts in by_mtu.items())
-        errors.append(f"thunderbolt_mtu differs between the nodes ({detail}): every node on the "
-                      "link needs the same MTU; set it once for the whole cluster")
-    return errors
+    if len(by_mtu) < 2:
+        return []
+    detail = "; ".join(f"{mtu}: {', '.join(hosts)}" for mtu, hosts in by_mtu.items())
+    return [f"thunderbolt_mtu differs between the nodes ({detail}): every node on the link needs "
+            "the same MTU; set it once for the whole cluster"]
+
+
+def links_mode_errors(hosts: Sequence[str], training: Sequence[str],
+                      hostvars: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """`thunderbolt_topology: links`: the cables (mlxcluster/topology.py) and one MTU."""
+    errors = topology.links_errors(hosts, training, hostvars)
+    mtus = {}
+    for host in hosts:
+        mtu, problems = _mtu(host, hostvars.get(host, {}))
+        errors += problems
+        if mtu is not None:
+            mtus[host] = mtu
+    return errors + _same_mtu(mtus)
 
 
 def _hosts_by_value(value_of: Mapping[str, Any]) -> dict[str, list[str]]:
@@ -217,7 +240,10 @@ def inventory_errors(groups: Mapping[str, Sequence[str]],
             errors.append(f"{host}: {exc}; set mpi_slots: <ranks on this machine> (0 keeps it "
                           "out of training)")
 
-    errors += link_errors({host: hostvars.get(host, {}) for host in cluster})
+    if topology.mode_of(cluster, hostvars) == "links":
+        errors += links_mode_errors(cluster, _ranked(groups, hostvars), hostvars)
+    else:
+        errors += link_errors({host: hostvars.get(host, {}) for host in cluster})
 
     launchers = list(groups.get("launcher") or [])
     if not launchers:
@@ -251,3 +277,18 @@ def training_hosts(groups: Mapping[str, Sequence[str]],
     ordered = launcher + [h for h in groups.get("cluster") or [] if h not in launcher]
     return [(h, str(hostvars[h]["thunderbolt_ip"]), slots_of(hostvars[h]))
             for h in ordered if slots_of(hostvars[h]) > 0]
+
+
+def _ranked(groups: Mapping[str, Sequence[str]], hostvars: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The hosts that train, the launcher first; hosts whose slots are unreadable left out (they
+    are reported on their own)."""
+    launcher = [h for h in groups.get("launcher") or [] if h in (groups.get("cluster") or [])][:1]
+    ordered = launcher + [h for h in groups.get("cluster") or [] if h not in launcher]
+    ranked = []
+    for host in ordered:
+        try:
+            if slots_of(hostvars.get(host, {})) > 0:
+                ranked.append(host)
+        except ValueError:
+            pass
+    return ranked
