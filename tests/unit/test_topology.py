@@ -145,7 +145,8 @@ def test_each_cabling_mistake_is_named_with_the_cable(links, pool, says):
 def test_a_backend_the_cabling_cannot_carry_is_refused_naming_what_is_missing():
     hosts = ["mac1", "mac2", "mac3"]
     line = cabling(hosts, [["mac1:en2", "mac2:en2"], ["mac2:en3", "mac3:en2"]])
-    assert "make a ring through every node (mac1, mac2, mac3)" in topology.backend_problem("ring", hosts, line)
+    problem = topology.backend_problem("ring", hosts, line)
+    assert "make a ring through every node (mac1, mac2, mac3)" in problem
     ring = cabling(hosts, RING3)
     assert topology.backend_problem("ring", hosts, ring) is None
     ring4 = cabling(["mac1", "mac2", "mac3", "mac4"], RING4)
