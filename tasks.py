@@ -196,12 +196,14 @@ def test(c, unit=False, k=None, lint_first=True):
 
 
 @task(name="up", help={"nodes": "Number of hosts (1-9; existing ones are kept)",
-                       "id": "Lab number 0-9 (default: lab.id in invoke.yaml)"})
-def lab_up(c, nodes=None, id=None):
+                       "id": "Lab number 0-9 (default: lab.id in invoke.yaml)",
+                       "cables": "ring or mesh: cable the hosts point to point, like Macs "
+                                 "(thunderbolt_topology: links), instead of one bridge"})
+def lab_up(c, nodes=None, id=None, cables=None):
     """Bring up a lab cluster of real Debian hosts in network namespaces (root)."""
     lab_id, count = _lab_id(c, id), int(nodes or c.config.lab.nodes)
     lab.prepare_offline_cache()
-    inventory = lab.up(count, lab_id)
+    inventory = lab.up(count, lab_id, cables=cables)
     print(f"lab {lab_id}: {count} hosts up; inventory: {inventory}")
     print(f"provision it with: invoke provision -i {inventory}")
 

@@ -4,37 +4,38 @@ from __future__ import annotations
 
 from typing import Any
 
-from jinja2 import Undefined
-
-from mlxcluster.inventory import cluster_root_error, inventory_errors, link_errors
-
-LINK_KEYS = ("thunderbolt_ip", "thunderbolt_prefix", "thunderbolt_interface", "thunderbolt_mtu")
+from mlxcluster.inventory import (
+    LINK_KEYS,
+    TOPOLOGY_KEYS,
+    cluster_root_error,
+    inventory_errors,
+    link_errors,
+    resolved,
+    topology_view,
+)
+from mlxcluster.topology import (
+    addresses_of,
+    contact_address,
+    links_hostfile,
+    mode_of,
+    ports_of,
+    rank_order,
+    reach_from_launcher,
+)
 
 
 def cluster_inventory_errors(groups: dict[str, list[str]], hostvars: Any) -> list[str]:
     """``{{ groups | cluster_inventory_errors(hostvars) }}``: problems found, one per line."""
-    keys = (*LINK_KEYS, "mpi_slots", "ansible_host", "ansible_user", "ansible_connection",
-            "thunderbolt_topology", "thunderbolt_links", "thunderbolt_link_pool", "cluster_backend")
+    keys = (*LINK_KEYS, "mpi_slots", "ansible_host", "ansible_user", "ansible_connection", *TOPOLOGY_KEYS)
     hosts = sorted(set(groups.get("cluster", [])) | set(groups.get("launcher", [])))
-    unresolved: list[str] = []
-    plain: dict[str, dict[str, Any]] = {}
-    for host in hosts:
-        if host not in hostvars:
-            continue
-        plain[host] = {}
-        for key in keys:
-            if key not in hostvars[host]:
-                continue
-            try:
-                value = hostvars[host][key]
-                if isinstance(value, Undefined):
-                    str(value)  # raises the undefined error, naming the variable
-            except Exception as exc:  # whatever templating raised, said with the host
-                unresolved.append(f"{host}: {key} cannot be resolved ({exc}); write it out in the "
-                                  "inventory, or define what it refers to")
-                continue
-            plain[host][key] = value
+    plain, unresolved = resolved(hosts, hostvars, keys)
     return unresolved or inventory_errors(groups, plain)
+
+
+def thunderbolt_ports(host: str, cluster: list[str], hostvars: Any) -> list[dict[str, Any]]:
+    """``{{ inventory_hostname | thunderbolt_ports(groups['cluster'], hostvars) }}``: the
+    interfaces the thunderbolt role configures on this node, and who answers across each."""
+    return ports_of(host, list(cluster), topology_view(cluster, hostvars))
 
 
 def cluster_link_errors(settings: dict[str, Any]) -> list[str]:
@@ -44,9 +45,51 @@ def cluster_link_errors(settings: dict[str, Any]) -> list[str]:
     return link_errors(plain)
 
 
+def thunderbolt_mode(cluster: list[str], hostvars: Any) -> str:
+    """``{{ groups['cluster'] | thunderbolt_mode(hostvars) }}``: bridge or links."""
+    return mode_of(list(cluster), topology_view(cluster, hostvars))
+
+
+def cluster_address(host: str, cluster: list[str], launcher: str, hostvars: Any) -> str | None:
+    """``{{ host | cluster_address(groups['cluster'], groups['launcher'][0], hostvars) }}``: the
+    address a node is known by on the cluster link (mlxcluster/topology.py)."""
+    return contact_address(host, list(cluster), launcher, topology_view(cluster, hostvars))
+
+
+def cluster_addresses(host: str, cluster: list[str], hostvars: Any) -> list[str]:
+    """``{{ host | cluster_addresses(groups['cluster'], hostvars) }}``: all its link addresses."""
+    return addresses_of(host, list(cluster), topology_view(cluster, hostvars))
+
+
+def cluster_rank_order(cluster: list[str], launcher: str, hostvars: Any) -> list[str]:
+    """``{{ groups['cluster'] | cluster_rank_order(launcher, hostvars) }}``: every host in rank
+    order (mlxcluster/topology.py's rank_order)."""
+    return rank_order(list(cluster), launcher, topology_view(cluster, hostvars))
+
+
+def cluster_links_hostfile(cluster: list[str], launcher: str, hostvars: Any,
+                           envs: list[str] | None = None) -> dict[str, Any]:
+    """``{{ groups['cluster'] | cluster_links_hostfile(launcher, hostvars, envs) }}``: hosts.json
+    in links mode."""
+    return links_hostfile(list(cluster), launcher, topology_view(cluster, hostvars), envs or [])
+
+
+def cluster_reach(host: str, cluster: list[str], launcher: str, hostvars: Any) -> str:
+    """``{{ host | cluster_reach(groups['cluster'], launcher, hostvars) }}``: where the launcher
+    copies to it (the cluster link where a cable joins them, else the management address)."""
+    return reach_from_launcher(host, list(cluster), launcher, topology_view(cluster, hostvars))
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {"cluster_inventory_errors": cluster_inventory_errors,
                 # {{ inventory_hostname | cluster_root_problem(cluster_root) }}: None when fine
                 "cluster_root_problem": cluster_root_error,
-                "cluster_link_errors": cluster_link_errors}
+                "cluster_link_errors": cluster_link_errors,
+                "thunderbolt_ports": thunderbolt_ports,
+                "thunderbolt_mode": thunderbolt_mode,
+                "cluster_address": cluster_address,
+                "cluster_addresses": cluster_addresses,
+                "cluster_rank_order": cluster_rank_order,
+                "cluster_links_hostfile": cluster_links_hostfile,
+                "cluster_reach": cluster_reach}

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from mlxcluster.record import planned, record, seen_in_run
+from mlxcluster.inventory import topology_view
+from mlxcluster.record import cables_of, planned, record, seen_in_run
 
 
 def cluster_record(groups: Mapping[str, list[str]], hostvars: Any, targeted: Iterable[str],
@@ -13,7 +14,7 @@ def cluster_record(groups: Mapping[str, list[str]], hostvars: Any, targeted: Ite
     """``{{ groups | cluster_record(hostvars, ansible_play_hosts_all, ansible_play_hosts,
     previous_json) }}``: build/<inventory>/cluster.json, this run's news merged into the last."""
     return record(groups["launcher"][0], seen_in_run(groups, hostvars, targeted, answered),
-                  previous)
+                  previous, cables_of(groups, topology_view(groups["cluster"], hostvars)))
 
 
 class FilterModule:

@@ -37,6 +37,8 @@ class Node:
     thunderbolt_interface: str | None = None
     thunderbolt_prefix: int = 24
     thunderbolt_mtu: int = 0  # 0: not recorded
+    # links mode (a network per cable): the pool every cable's /30 is in; MPI is pinned to it.
+    thunderbolt_link_pool: str | None = None
     cluster_root: str | None = None
     venv: str | None = None
     env_file: str | None = None
@@ -59,15 +61,58 @@ class Node:
 
 
 @dataclass(frozen=True)
+class LinkPort:
+    """One of a node's ports on the cluster link: the bridge's interface, or a cable's end."""
+
+    node: str
+    interface: str | None
+    address: str
+    prefix: int
+    cable: str | None = None  # "node1:en2 <-> node2:en2" in links mode
+
+    @property
+    def label(self) -> str:
+        return f"interface {self.interface}" + (f" (cable {self.cable})" if self.cable else "")
+
+
+@dataclass(frozen=True)
 class Cluster:
     launcher: str
     nodes: tuple[Node, ...]
+    # links mode: each cable's ends, {"ends": [{"host", "interface", "address"}, ...], "network"}
+    cables: tuple[Mapping[str, Any], ...] = ()
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Cluster:
         nodes = tuple(Node(**{k: v for k, v in node.items() if k in Node.__dataclass_fields__})
                       for node in data["nodes"])
-        return cls(launcher=data["launcher"], nodes=nodes)
+        return cls(launcher=data["launcher"], nodes=nodes, cables=tuple(data.get("cables") or ()))
+
+    def node(self, name: str) -> Node:
+        return next(n for n in self.nodes if n.name == name)
+
+    def ports_of(self, node: Node) -> list[LinkPort]:
+        """The node's ports on the cluster link: its one interface on a bridge, else one per
+        cable end it has."""
+        if not self.cables:
+            return [LinkPort(node.name, node.thunderbolt_interface, node.thunderbolt_ip,
+                             node.thunderbolt_prefix)]
+        ports = []
+        for cable in self.cables:
+            a, b = cable["ends"]
+            label = f"{a['host']}:{a['interface']} <-> {b['host']}:{b['interface']}"
+            ports += [LinkPort(node.name, end["interface"], end["address"], 30, label)
+                      for end in (a, b) if end["host"] == node.name]
+        return ports
+
+    def address_towards(self, node: Node, peer: Node) -> str:
+        """Where `node` reaches `peer` on the cluster link: on a bridge its thunderbolt_ip, in
+        links mode its end of a cable between them (else its recorded address)."""
+        for cable in self.cables:
+            hosts = {end["host"]: end["address"] for end in cable["ends"]}
+            if set(hosts) == {node.name, peer.name}:
+                return hosts[peer.name]
+        return peer.thunderbolt_ip
 
     @classmethod
     def load(cls, path: Path) -> Cluster:
@@ -115,7 +160,7 @@ class Cluster:
 
     def _with_slots(self, slots: Mapping[str, int]) -> Cluster:
         return Cluster(self.launcher, tuple(dataclasses.replace(n, slots=slots.get(n.name, 0))
-                                            for n in self.nodes))
+                                            for n in self.nodes), self.cables)
 
     def first_nodes(self, count: int) -> Cluster:
         """The launcher and the next count - 1 training nodes with their slots; the others get
@@ -130,7 +175,7 @@ class Cluster:
 
     def only(self, node: Node) -> Cluster:
         """`node` alone, as its own launcher with one slot: a process run on it by itself."""
-        return Cluster(node.name, (dataclasses.replace(node, slots=1),))
+        return Cluster(node.name, (dataclasses.replace(node, slots=1),), self.cables)
 
 
 def hostfile_entries(text: str) -> list[str]:

@@ -47,8 +47,8 @@ class Check:
 def probe_command(cluster: Cluster, node: Node) -> list[str]:
     """ssh (or local bash) that runs probe.py on `node`, fed on stdin, with the node's env.sh."""
     args = {"cluster_root": node.cluster_root or "", "venv": node.venv or "",
-            "interface": node.thunderbolt_interface or "",
-            "peers": [n.thunderbolt_ip for n in cluster.nodes if n.name != node.name]}
+            "interfaces": [p.interface or "" for p in cluster.ports_of(node)],
+            "peers": [cluster.address_towards(node, n) for n in cluster.nodes if n.name != node.name]}
     env = shlex.quote(node.env_file or "/nonexistent")
     line = f"if [ -f {env} ]; then . {env}; fi; python3 - {shlex.quote(json.dumps(args))}"
     return remote.ssh_command(node, line, connect_timeout=5)
@@ -161,7 +161,8 @@ def _pairs(cluster: Cluster, nodes: Sequence[Node], facts: Facts) -> list[Check]
         for peer in cluster.nodes:
             if peer.name == node.name:
                 continue
-            result = facts[node.name]["ssh"].get(peer.thunderbolt_ip, {"ok": False, "error": ["not tried"]})
+            address = cluster.address_towards(node, peer)
+            result = facts[node.name]["ssh"].get(address, {"ok": False, "error": ["not tried"]})
             error = " ".join(result["error"] or [])
             if result["ok"]:
                 fix = ""
@@ -171,7 +172,7 @@ def _pairs(cluster: Cluster, nodes: Sequence[Node], facts: Facts) -> list[Check]
                 fix = "check the cable and both nodes' interface checks, and that sshd runs on the peer"
             checks.append(Check(
                 f"{node.name} -> {peer.name}", "ssh over the cluster link", result["ok"],
-                peer.thunderbolt_ip if result["ok"] else f"{peer.thunderbolt_ip}: {error}", fix))
+                address if result["ok"] else f"{address}: {error}", fix))
     return checks
 
 
@@ -210,27 +211,33 @@ def _hostfiles(nodes: Sequence[Node], facts: Facts, rendered_hostfile: str) -> l
     return checks
 
 
-def _interfaces(nodes: Sequence[Node], facts: Facts) -> list[Check]:
+def _interfaces(cluster: Cluster, nodes: Sequence[Node], facts: Facts) -> list[Check]:
+    """Each of a node's ports on the cluster link: up, with its address and the MTU. In links
+    mode a port that is down names its cable."""
     checks = []
     for node in nodes:
-        iface = facts[node.name]["interface"]
-        want = f"{node.thunderbolt_ip}/{node.thunderbolt_prefix}"
-        name = node.thunderbolt_interface
-        if "error" in iface:
-            checks.append(Check(node.name, f"interface {name}", False, iface["error"],
-                                "connect the cable, or fix thunderbolt_interface in the inventory"))
-            continue
-        problems = []
-        if not iface["up"]:
-            problems.append("down")
-        if want not in iface["addresses"]:
-            problems.append(f"has {', '.join(iface['addresses']) or 'no address'}, not {want}")
-        # Loopback (the single-machine inventory) is left as it is by the thunderbolt role.
-        if node.thunderbolt_mtu and not iface.get("loopback") and iface["mtu"] != node.thunderbolt_mtu:
-            problems.append(f"MTU {iface['mtu']}, not {node.thunderbolt_mtu}")
-        checks.append(Check(node.name, f"interface {name}", not problems,
-                            "; ".join(problems) or f"up, {want}, MTU {iface['mtu']}",
-                            f"{REPROVISION} (the thunderbolt role sets address and MTU)" if problems else ""))
+        for port in cluster.ports_of(node):
+            iface = facts[node.name]["interfaces"].get(port.interface or "", {"error": "not probed"})
+            want = f"{port.address}/{port.prefix}"
+            if "error" in iface:
+                checks.append(Check(node.name, port.label, False, iface["error"],
+                                    "connect the cable, or fix the port in the inventory "
+                                    "(thunderbolt_interface or thunderbolt_links)"))
+                continue
+            problems = []
+            if not iface["up"]:
+                problems.append("down" + (f": cable {port.cable} unplugged or its far end down"
+                                          if port.cable else ""))
+            if want not in iface["addresses"]:
+                problems.append(f"has {', '.join(iface['addresses']) or 'no address'}, not {want}")
+            # Loopback (the single-machine inventory) is left as it is by the thunderbolt role.
+            if node.thunderbolt_mtu and not iface.get("loopback") and iface["mtu"] != node.thunderbolt_mtu:
+                problems.append(f"MTU {iface['mtu']}, not {node.thunderbolt_mtu}")
+            fix = (f"plug cable {port.cable} in firmly (both ends), then {REPROVISION}" if port.cable
+                   and not iface["up"] else f"{REPROVISION} (the thunderbolt role sets address and MTU)")
+            checks.append(Check(node.name, port.label, not problems,
+                                "; ".join(problems) or f"up, {want}, MTU {iface['mtu']}",
+                                fix if problems else ""))
     return checks
 
 
@@ -285,7 +292,7 @@ def evaluate(cluster: Cluster, rendered_hostfile: str, gathered: Mapping[str, An
     facts = {name: f for name, f in gathered["nodes"].items() if name in reachable}
     nodes = [n for n in cluster.nodes if n.name in reachable]
     return [*checks, *_pairs(cluster, nodes, facts), *_software(cluster, nodes, facts),
-            *_hostfiles(nodes, facts, rendered_hostfile), *_interfaces(nodes, facts),
+            *_hostfiles(nodes, facts, rendered_hostfile), *_interfaces(cluster, nodes, facts),
             *_room(nodes, facts, model_bytes), *_jobs(cluster, facts, gathered.get("jobs", {}))]
 
 

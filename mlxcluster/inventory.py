@@ -14,6 +14,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from jinja2 import Undefined
+
 from mlxcluster import topology
 from mlxcluster.topology import INTERFACE_NAME
 
@@ -292,3 +294,41 @@ def _ranked(groups: Mapping[str, Sequence[str]], hostvars: Mapping[str, Mapping[
         except ValueError:
             pass
     return ranked
+
+
+# What Ansible resolves for the checks and the topology, per host.
+LINK_KEYS = ("thunderbolt_ip", "thunderbolt_prefix", "thunderbolt_interface", "thunderbolt_mtu")
+TOPOLOGY_KEYS = ("thunderbolt_topology", "thunderbolt_links", "thunderbolt_link_pool", "cluster_backend")
+
+
+def resolved(hosts: list[str], hostvars: Any, keys: tuple[str, ...]
+              ) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """The hosts' values of `keys` as plain data, and the ones that cannot be resolved, each
+    said with its host."""
+    unresolved: list[str] = []
+    plain: dict[str, dict[str, Any]] = {}
+    for host in hosts:
+        if host not in hostvars:
+            continue
+        plain[host] = {}
+        for key in keys:
+            if key not in hostvars[host]:
+                continue
+            try:
+                value = hostvars[host][key]
+                if isinstance(value, Undefined):
+                    str(value)  # raises the undefined error, naming the variable
+            except Exception as exc:  # whatever templating raised, said with the host
+                unresolved.append(f"{host}: {key} cannot be resolved ({exc}); write it out in the "
+                                  "inventory, or define what it refers to")
+                continue
+            plain[host][key] = value
+    return plain, unresolved
+
+
+
+def topology_view(hosts: Sequence[str], hostvars: Any) -> dict[str, dict[str, Any]]:
+    """The hosts' link, topology, slots and management settings as plain data (what
+    mlxcluster/topology.py reads); values that cannot be resolved are left out."""
+    plain, _ = resolved(list(hosts), hostvars, (*LINK_KEYS, *TOPOLOGY_KEYS, "mpi_slots", "ansible_host"))
+    return plain

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import yaml
 
+from mlxcluster import lab_cables
 from mlxcluster.errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -270,16 +271,14 @@ def _wait_for_ssh(addresses: Iterable[str], timeout: float = 20.0) -> None:
             time.sleep(0.1)
 
 
-def write_inventory(lab: Lab, nodes: list[int], slots: int = 1) -> Path:
-    """Write an Ansible inventory for the lab hosts that are up; node1 is the launcher."""
-    hosts = {
-        f"node{i}": {
-            "ansible_host": lab.mgmt_ip(i),
-            "thunderbolt_ip": lab.tb_ip(i),
-            "mpi_slots": slots,
-        }
-        for i in nodes
-    }
+def write_inventory(lab: Lab, nodes: list[int], slots: int = 1,
+                    links: list[list[str]] | None = None) -> Path:
+    """Write an Ansible inventory for the lab hosts that are up; node1 is the launcher. With
+    `links`, the hosts are cabled point to point (lab_cables.py): links mode, a /30 per cable."""
+    hosts = {f"node{i}": {"ansible_host": lab.mgmt_ip(i), "mpi_slots": slots} for i in nodes}
+    if not links:
+        for i in nodes:
+            hosts[f"node{i}"] = {**hosts[f"node{i}"], "thunderbolt_ip": lab.tb_ip(i)}
     # The lab's settings are the cluster group's vars in the inventory file itself: they
     # outrank the shipped defaults (playbooks/group_vars/all), and a copy of the file is
     # a whole inventory.
@@ -290,8 +289,9 @@ def write_inventory(lab: Lab, nodes: list[int], slots: int = 1) -> Path:
         "ansible_ssh_common_args": f"-o UserKnownHostsFile={lab.known_hosts}",
         "ansible_python_interpreter": "/usr/bin/python3",
         "cluster_root": "/opt/mlx-cluster",
-        "thunderbolt_interface": THUNDERBOLT_IFACE,
-        "thunderbolt_prefix": 24,
+        **({"thunderbolt_topology": "links", "thunderbolt_links": links,
+            "thunderbolt_link_pool": f"10.78.{lab.lab_id}.0/24"} if links else
+           {"thunderbolt_interface": THUNDERBOLT_IFACE, "thunderbolt_prefix": 24}),
         # No registry is reachable from a lab host: install from the host's cache.
         "cluster_apt_update_cache": False,
         "python_env_pip_extra_args": f"--no-index --find-links={WHEELHOUSE}",
@@ -309,8 +309,9 @@ def write_inventory(lab: Lab, nodes: list[int], slots: int = 1) -> Path:
     return lab.inventory
 
 
-def up(nodes: int, lab_id: int = 0, slots: int = 1) -> Path:
-    """Bring nodes 1..``nodes`` up (those already up are kept) and write the inventory."""
+def up(nodes: int, lab_id: int = 0, slots: int = 1, cables: str | None = None) -> Path:
+    """Bring nodes 1..``nodes`` up (those already up are kept) and write the inventory; with
+    `cables` (ring or mesh), cable them point to point instead of through the lab's bridge."""
     require_root()
     if not 1 <= nodes <= 9:
         raise LabError(f"--nodes must be between 1 and 9, got {nodes}")
@@ -330,7 +331,17 @@ def up(nodes: int, lab_id: int = 0, slots: int = 1) -> Path:
         keytype, key = (lab.node_dir(i) / "ssh_host_ed25519_key.pub").read_text().split()[:2]
         lines.append(f"{lab.mgmt_ip(i)},node{i} {keytype} {key}")
     lab.known_hosts.write_text("\n".join(lines) + "\n")
-    return write_inventory(lab, all_nodes, slots)
+    links = None
+    if cables:
+        made = lab_cables.cabling(all_nodes, cables)
+        netns = {f"node{n}": lab.netns(n) for n in all_nodes}
+        # A cable already plugged (lab.up again) stays as it is.
+        missing = [(a, b) for a, b in made if _run(["ip", "-n", netns[a.host], "link", "show", a.interface],
+                                                   capture=True, check=False).returncode != 0]
+        for command in lab_cables.plug_commands(netns, missing):
+            _run(command)
+        links = lab_cables.inventory_links(made)
+    return write_inventory(lab, all_nodes, slots, links)
 
 
 def stop_node(lab: Lab, i: int) -> None:

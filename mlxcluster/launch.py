@@ -90,7 +90,8 @@ def _venv_python(cluster: Cluster, program: Sequence[str]) -> list[str]:
 def mpirun_command(cluster: Cluster, job: Job, env: Mapping[str, str]) -> list[str]:
     """The mpirun command run on the launcher (after sourcing env.sh) to start the job."""
     head = cluster.head
-    interface = job.interface or head.thunderbolt_interface
+    # In links mode each cable is its own network: MPI takes every one in the pool (a CIDR).
+    interface = job.interface or head.thunderbolt_link_pool or head.thunderbolt_interface
     cmd = [f"{head.openmpi_prefix}/bin/mpirun" if head.openmpi_prefix else "mpirun"]
     if remote.logs_in_as_root(head):
         cmd.append("--allow-run-as-root")

@@ -50,7 +50,7 @@ def filled_in(cluster: Cluster) -> tuple[Cluster, list[str]]:
             used[name] = f"{FILLED_IN[name][0]}: {FILLED_IN[name][1]}"
         return dataclasses.replace(node, **missing)
 
-    return (Cluster(cluster.launcher, tuple(fill(n) for n in cluster.nodes)),
+    return (dataclasses.replace(cluster, nodes=tuple(fill(n) for n in cluster.nodes)),
             [used[name] for name in FILLED_IN if name in used])
 
 

@@ -4,7 +4,8 @@ This file is sent to each node and run there with its own Python (`python3 - ARG
 so it uses the standard library only and never fails: every fact it cannot get is reported as
 an error string instead. It prints one JSON object.
 
-Arguments (JSON, argv[1]): {"cluster_root", "venv", "interface", "peers": [thunderbolt IPs]}.
+Arguments (JSON, argv[1]): {"cluster_root", "venv", "interfaces": [its ports on the cluster link],
+"peers": [the peers' addresses on the cluster link]}.
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
             "openmpi": openmpi_version(),
             "venv": versions.result(),
             "hostfile": read(os.path.join(root, "hostfile")),
-            "interface": interface(args["interface"]),
+            "interfaces": {name: interface(name) for name in args["interfaces"]},
             "memory": memory_bytes(),
             "disk_free": disk_free(root),
             "ssh": ssh,

@@ -23,7 +23,9 @@ from typing import Any
 
 from jinja2 import Undefined
 
+from mlxcluster import topology
 from mlxcluster.cluster import REQUIRED_PATHS
+from mlxcluster.inventory import topology_view
 
 # What a node's roles tell the record: the node field and the fact (set_fact) it comes from.
 # A new fact to record is one line here (and an optional field of cluster.py's Node).
@@ -80,30 +82,48 @@ def node_record(seen: Seen, before: Mapping[str, Any] | None) -> dict[str, Any]:
     return record
 
 
-def record(launcher: str, seen: Iterable[Seen], previous: str | None) -> dict[str, Any]:
+def record(launcher: str, seen: Iterable[Seen], previous: str | None,
+           cables: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The whole record: the launcher and every inventory node in the order given (rank order:
-    the launcher first). Nodes no longer in the inventory are dropped."""
+    the launcher first), and in links mode the cables. Nodes no longer in the inventory are
+    dropped."""
     before = previous_nodes(previous)
-    return {"launcher": launcher,
-            "nodes": [node_record(s, before.get(s.settings["name"])) for s in seen]}
+    found = {"launcher": launcher,
+             "nodes": [node_record(s, before.get(s.settings["name"])) for s in seen]}
+    return found | ({"cables": cables} if cables else {})
+
+
+def cables_of(groups: Mapping[str, list[str]], view: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """links mode's cables as the record keeps them (none on a bridge)."""
+    cluster = list(groups["cluster"])
+    if topology.mode_of(cluster, view) == "bridge":
+        return []
+    hv = view[groups["launcher"][0]]
+    found, _ = topology.cables(hv.get("thunderbolt_links"),
+                               hv.get("thunderbolt_link_pool", topology.DEFAULT_POOL), cluster)
+    return [{"ends": [{"host": end.host, "interface": end.interface, "address": address}
+                      for end, address in zip(cable.ends, cable.addresses, strict=True)],
+             "network": str(cable.network)} for cable in found]
 
 
 # --- from Ansible's variables ---------------------------------------------------------------------
 
 
-def node_settings(name: str, hostvars: Mapping[str, Any]) -> dict[str, Any]:
+def node_settings(name: str, hostvars: Mapping[str, Any], launcher: str,
+                  view: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """A node's settings from its resolved inventory variables."""
     hv = hostvars[name]
 
     def get(key: str, default: Any = None) -> Any:
         return hv[key] if key in hv and hv[key] is not None else default
 
+    cluster = list(view)
     return {
         "name": name,
         "os_family": "Darwin" if "macs" in hv["group_names"] else "Debian",
-        "thunderbolt_ip": hv["thunderbolt_ip"],
-        "thunderbolt_interface": get("thunderbolt_interface"),
-        "thunderbolt_prefix": int(get("thunderbolt_prefix", 24)),
+        # Its address on the cluster link: thunderbolt_ip, or in links mode its end of the cable
+        # to the launcher (mlxcluster/topology.py).
+        **topology.link_of(name, cluster, launcher, view),
         "thunderbolt_mtu": int(get("thunderbolt_mtu", 0)),
         "slots": int(get("mpi_slots", 1)),
         "connection": {
@@ -117,10 +137,9 @@ def node_settings(name: str, hostvars: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def rank_order(groups: Mapping[str, list[str]]) -> list[str]:
-    """The inventory's nodes in rank order: the launcher first."""
-    launcher = groups["launcher"][0]
-    return [launcher, *(h for h in groups["cluster"] if h != launcher)]
+def rank_order(groups: Mapping[str, list[str]], view: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The inventory's nodes in rank order: the launcher first (topology.rank_order)."""
+    return topology.rank_order(list(groups["cluster"]), groups["launcher"][0], view)
 
 
 def seen_in_run(groups: Mapping[str, list[str]], hostvars: Mapping[str, Any],
@@ -128,12 +147,14 @@ def seen_in_run(groups: Mapping[str, list[str]], hostvars: Mapping[str, Any],
     """Every inventory node as this run saw it (`targeted`: ansible_play_hosts_all, `answered`:
     ansible_play_hosts)."""
     targeted, answered = set(targeted), set(answered)
+    view = topology_view(groups["cluster"], hostvars)
+    launcher = groups["launcher"][0]
     seen = []
-    for name in rank_order(groups):
+    for name in rank_order(groups, view):
         hv = hostvars[name]
         alive = name in answered
         seen.append(Seen(
-            settings=node_settings(name, hostvars), targeted=name in targeted, answered=alive,
+            settings=node_settings(name, hostvars, launcher, view), targeted=name in targeted, answered=alive,
             cluster_root=hv["cluster_root"] if alive else None,
             learned={field: hv[fact] for field, fact in LEARNED.items()
                      if alive and fact in hv and hv[fact] is not None}))
@@ -155,7 +176,8 @@ def planned(groups: Mapping[str, list[str]], hostvars: Mapping[str, Any]) -> dic
     """The record as the inventory alone gives it, before any run (`invoke train --dry-run` on a
     cluster not provisioned yet): every node's settings and, when the inventory resolves it
     without facts, its cluster_root; nothing learned."""
-    return record(groups["launcher"][0],
-                  [Seen(settings=node_settings(name, hostvars),
-                        cluster_root=_resolved(hostvars[name], "cluster_root"))
-                   for name in rank_order(groups)], None)
+    view = topology_view(groups["cluster"], hostvars)
+    launcher = groups["launcher"][0]
+    return record(launcher, [Seen(settings=node_settings(name, hostvars, launcher, view),
+                                  cluster_root=_resolved(hostvars[name], "cluster_root"))
+                             for name in rank_order(groups, view)], None, cables_of(groups, view))

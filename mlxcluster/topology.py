@@ -303,3 +303,115 @@ def links_errors(hosts: Sequence[str], training: Sequence[str],
                    "over per-cable networks: one rank per Mac (mpi_slots: 1)"
                    for host in training if str(hostvars[host].get("mpi_slots", 1)) not in ("0", "1")]
     return errors
+
+
+# --- what the thunderbolt role configures on one node --------------------------------------------
+
+
+def ports_of(host: str, hosts: Sequence[str],
+             hostvars: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The interfaces the thunderbolt role gives an address on `host`, with the peers that must
+    answer across each: in bridge mode its one interface (every other node answers there); in
+    links mode one per cable end it has, each with its /30 and the cable's other end."""
+    hv = hostvars[host]
+    if mode_of(hosts, hostvars) == "bridge":
+        if hv.get("thunderbolt_ip") in (None, ""):
+            return []
+        return [{"interface": hv.get("thunderbolt_interface"), "address": str(hv["thunderbolt_ip"]),
+                 "prefix": int(hv.get("thunderbolt_prefix") or 24), "cable": None,
+                 "peers": {h: str(hostvars[h]["thunderbolt_ip"]) for h in hosts
+                           if h != host and hostvars.get(h, {}).get("thunderbolt_ip") not in (None, "")}}]
+    found, _ = cables(hv.get("thunderbolt_links"), hv.get("thunderbolt_link_pool", DEFAULT_POOL), hosts)
+    return [{"interface": cable.port_of(host).interface, "address": cable.address_of(host),
+             "prefix": cable.network.prefixlen, "cable": str(cable),
+             "peers": {cable.peer_of(host).host: cable.address_of(cable.peer_of(host).host)}}
+            for cable in found if host in (end.host for end in cable.ends)]
+
+
+def contact_address(host: str, hosts: Sequence[str], launcher: str,
+                    hostvars: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """The address a node is known by on the cluster link (the hostfile's, /etc/hosts', the
+    record's): its thunderbolt_ip on a bridge; in links mode its end of a cable to the launcher
+    (the launcher: its end of its first cable), else of its first cable; None: not cabled."""
+    hv = hostvars[host]
+    if mode_of(hosts, hostvars) == "bridge":
+        return str(hv["thunderbolt_ip"]) if hv.get("thunderbolt_ip") not in (None, "") else None
+    found, _ = cables(hv.get("thunderbolt_links"), hv.get("thunderbolt_link_pool", DEFAULT_POOL), hosts)
+    own = [cable for cable in found if host in (end.host for end in cable.ends)]
+    to_launcher = [cable for cable in own if cable.joins(host, launcher)]
+    chosen = (to_launcher or own)[:1]
+    return chosen[0].address_of(host) if chosen else None
+
+
+def addresses_of(host: str, hosts: Sequence[str], hostvars: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Every address of a node on the cluster link (known_hosts pins each)."""
+    return [port["address"] for port in ports_of(host, hosts, hostvars)]
+
+
+def _slots(hv: Mapping[str, Any]) -> int:
+    try:
+        return int(hv.get("mpi_slots", 1))
+    except (TypeError, ValueError):
+        return 0
+
+
+def rank_order(hosts: Sequence[str], launcher: str, hostvars: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Every host in rank order, the launcher first: the inventory's order on a bridge; in links
+    mode the nodes that train in ring order when the cables make a ring (so that each rank's
+    neighbours are the ones its cables reach, for every backend alike), then the others."""
+    ordered = [launcher, *(h for h in hosts if h != launcher)]
+    if mode_of(hosts, hostvars) == "bridge":
+        return ordered
+    training = [h for h in ordered if _slots(hostvars[h]) > 0]
+    hv = hostvars[launcher]
+    found, _ = cables(hv.get("thunderbolt_links"), hv.get("thunderbolt_link_pool", DEFAULT_POOL), hosts)
+    ring = ring_order(training, found) if training and training[0] == launcher else None
+    first = ring or training
+    return [*first, *(h for h in ordered if h not in first)]
+
+
+def links_hostfile(hosts: Sequence[str], launcher: str, hostvars: Mapping[str, Mapping[str, Any]],
+                   envs: Sequence[str] = ()) -> dict[str, Any]:
+    """hosts.json in links mode: the ring backend's, the nodes that train in rank order, each
+    reached by ssh at its end of a cable to the launcher, else at its management address."""
+    order = [h for h in rank_order(hosts, launcher, hostvars) if _slots(hostvars[h]) > 0]
+    hv = hostvars[launcher]
+    found, _ = cables(hv.get("thunderbolt_links"), hv.get("thunderbolt_link_pool", DEFAULT_POOL), hosts)
+    ssh = {}
+    for host in order:
+        direct = [c for c in found if c.joins(host, launcher)]
+        ssh[host] = (direct[0].address_of(host) if direct else
+                     str(hostvars[host].get("ansible_host") or host))
+    if len(order) == 1:  # one rank: no neighbour to talk to
+        alone = order[0]
+        return {"backend": "ring", "envs": list(envs), "hosts": [
+            {"ssh": ssh[alone], "ips": [contact_address(alone, hosts, launcher, hostvars)], "rdma": []}]}
+    return mlx_hostfile("ring", order, found, ssh, envs=envs)
+
+
+def link_of(host: str, hosts: Sequence[str], launcher: str,
+            hostvars: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The node's address on the cluster link as the launch code uses it (contact_address), with
+    its interface and prefix length; in links mode also the pool, which MPI is pinned to."""
+    address = contact_address(host, hosts, launcher, hostvars)
+    hv = hostvars[host]
+    if mode_of(hosts, hostvars) == "bridge":
+        return {"thunderbolt_ip": address, "thunderbolt_interface": hv.get("thunderbolt_interface"),
+                "thunderbolt_prefix": int(hv.get("thunderbolt_prefix") or 24)}
+    port = next((p for p in ports_of(host, hosts, hostvars) if p["address"] == address), None)
+    return {"thunderbolt_ip": address, "thunderbolt_interface": port["interface"] if port else None,
+            "thunderbolt_prefix": 30, "thunderbolt_link_pool": str(hv.get("thunderbolt_link_pool")
+                                                                   or DEFAULT_POOL)}
+
+
+def reach_from_launcher(host: str, hosts: Sequence[str], launcher: str,
+                        hostvars: Mapping[str, Mapping[str, Any]]) -> str:
+    """Where the launcher reaches a node to copy to it: over the cluster link (thunderbolt_ip;
+    in links mode its end of a cable to the launcher), or, when no cable joins them, at its
+    management address."""
+    if mode_of(hosts, hostvars) == "bridge":
+        return str(hostvars[host]["thunderbolt_ip"])
+    hv = hostvars[launcher]
+    found, _ = cables(hv.get("thunderbolt_links"), hv.get("thunderbolt_link_pool", DEFAULT_POOL), hosts)
+    direct = [c for c in found if c.joins(host, launcher)]
+    return direct[0].address_of(host) if direct else str(hostvars[host].get("ansible_host") or host)

@@ -33,7 +33,7 @@ def healthy() -> dict:
         return {"hostname": name, "os": "Linux", "openmpi": "4.1.4",
                 "venv": {"python": "3.11.2", "mlx": "0.32.4", "mlx_lm": "0.32.2", "distributed": True},
                 "hostfile": "# rendered\n" + HOSTFILE,
-                "interface": {"up": True, "mtu": 9000, "addresses": [f"{ip}/24"]},
+                "interfaces": {"bridge0": {"up": True, "mtu": 9000, "addresses": [f"{ip}/24"]}},
                 "memory": {"total": 16 * 2**30, "available": 8 * 2**30}, "disk_free": 100 * 2**30,
                 "ssh": {peer: {"ok": True, "error": None}}}
     return {"nodes": {"node1": facts("node1", "10.0.0.1", "10.0.0.2"),
@@ -87,7 +87,7 @@ def test_a_version_mismatch_is_red_on_the_odd_node_and_says_what_the_others_have
 
 def test_a_down_interface_with_the_wrong_address_and_mtu():
     gathered = healthy()
-    gathered["nodes"]["node2"]["interface"] = {"up": False, "mtu": 1500, "addresses": []}
+    gathered["nodes"]["node2"]["interfaces"]["bridge0"] = {"up": False, "mtu": 1500, "addresses": []}
     [bad] = failures(gathered)
     assert bad.name == "interface bridge0"
     assert bad.detail == "down; has no address, not 10.0.0.2/24; MTU 1500, not 9000"
@@ -126,21 +126,21 @@ def test_render_prints_a_table_per_node_and_one_for_the_pairs():
 
 def test_the_probe_runs_with_the_standard_library_and_reports_what_it_cannot_find(tmp_path):
     args = {"cluster_root": str(tmp_path / "root"), "venv": str(tmp_path / "venv"),
-            "interface": "lo", "peers": []}
+            "interfaces": ["lo"], "peers": []}
     proc = subprocess.run([sys.executable, "-I", "-", json.dumps(args)], input=doctor.PROBE.read_text(),
                           capture_output=True, text=True, check=True)
     facts = json.loads(proc.stdout)
     assert facts["venv"] == {"error": f"{tmp_path / 'venv' / 'bin' / 'python'} does not exist"}
     assert facts["hostfile"] is None
-    assert facts["interface"]["up"] and "127.0.0.1/8" in facts["interface"]["addresses"]
-    assert facts["interface"]["loopback"] is True
+    assert facts["interfaces"]["lo"]["up"] and "127.0.0.1/8" in facts["interfaces"]["lo"]["addresses"]
+    assert facts["interfaces"]["lo"]["loopback"] is True
     assert facts["memory"]["available"] > 0 and facts["disk_free"] > 0
 
 
 def test_loopback_keeps_its_own_mtu():
     """The single-machine inventory runs over lo, which the thunderbolt role leaves alone."""
     gathered = healthy()
-    gathered["nodes"]["node1"]["interface"].update(mtu=65536, loopback=True)
+    gathered["nodes"]["node1"]["interfaces"]["bridge0"].update(mtu=65536, loopback=True)
     assert failures(gathered) == []
 
 
