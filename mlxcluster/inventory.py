@@ -244,6 +244,11 @@ def inventory_errors(groups: Mapping[str, Sequence[str]],
 
     if topology.mode_of(cluster, hostvars) == "links":
         errors += links_mode_errors(cluster, _ranked(groups, hostvars), hostvars)
+        macs = [host for host in cluster if host in platforms["macs"]]
+        if macs:
+            errors.append(f"thunderbolt_topology: links is not available for Macs yet ({', '.join(macs)}): "
+                          "this version configures per-cable networks on Linux nodes only; use the "
+                          "Thunderbolt Bridge (thunderbolt_topology: bridge, thunderbolt_ip per host)")
     else:
         errors += link_errors({host: hostvars.get(host, {}) for host in cluster})
 

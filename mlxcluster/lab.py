@@ -371,6 +371,14 @@ def set_link(lab: Lab, i: int, up: bool) -> None:
     _run(["ip", "link", "set", f"mlab{lab.lab_id}t{i}", "up" if up else "down"])
 
 
+def set_cable(lab: Lab, port: str, up: bool) -> None:
+    """Unplug (up=False) or plug back a point-to-point cable at `port` ("node2:en3"): that end
+    goes down, and the far end loses its carrier, as when a Thunderbolt cable is pulled."""
+    host, interface = port.split(":")
+    _run(["ip", "-n", lab.netns(int(host.removeprefix("node"))), "link", "set", interface,
+          "up" if up else "down"])
+
+
 def down(lab_id: int = 0) -> None:
     """Stop every node of the lab and remove bridges and state: nothing is left behind."""
     require_root()

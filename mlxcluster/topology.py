@@ -377,11 +377,8 @@ def links_hostfile(hosts: Sequence[str], launcher: str, hostvars: Mapping[str, M
     order = [h for h in rank_order(hosts, launcher, hostvars) if _slots(hostvars[h]) > 0]
     hv = hostvars[launcher]
     found, _ = cables(hv.get("thunderbolt_links"), hv.get("thunderbolt_link_pool", DEFAULT_POOL), hosts)
-    ssh = {}
-    for host in order:
-        direct = [c for c in found if c.joins(host, launcher)]
-        ssh[host] = (direct[0].address_of(host) if direct else
-                     str(hostvars[host].get("ansible_host") or host))
+    ssh = {host: reach_from_launcher(host, hosts, launcher, hostvars) for host in order}
+    ssh[launcher] = contact_address(launcher, hosts, launcher, hostvars) or ssh[launcher]
     if len(order) == 1:  # one rank: no neighbour to talk to
         alone = order[0]
         return {"backend": "ring", "envs": list(envs), "hosts": [

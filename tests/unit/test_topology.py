@@ -191,7 +191,7 @@ def test_any_cabling_gives_mlx_own_hostfiles_or_is_refused_as_mlx_refuses_it(tmp
 
 def links_inventory(links, **cluster_vars):
     hosts = ["mac1", "mac2", "mac3"]
-    groups = {"cluster": hosts, "macs": hosts, "linux": [], "launcher": ["mac1"]}
+    groups = {"cluster": hosts, "macs": [], "linux": hosts, "launcher": ["mac1"]}
     hostvars = {h: {"ansible_host": f"{h}.local", "thunderbolt_links": links, **cluster_vars}
                 for h in hosts}
     return groups, hostvars

@@ -1,0 +1,127 @@
+"""links mode on real point-to-point cables: three lab hosts cabled in a ring, a /30 per cable.
+
+The session's lab hosts (test_site.py and test_train.py ran on their bridge before: this module
+comes after them) get veth cables straight between their namespaces, named like a Mac's
+Thunderbolt ports (mlxcluster/lab_cables.py), and the inventory lab.up writes for them. Then
+site.yml configures every cable, training runs over them with the ring backend, and a pulled
+cable is named by doctor and by the run it stops.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from mlxcluster import lab, paths
+from tests.cluster.conftest import TEST_LAB_ID, LabCluster
+from tests.cluster.test_train import INVOKE, REPO, finetune_pids, finished_run
+
+pytestmark = pytest.mark.cluster
+
+RING = [["node1:en2", "node2:en2"], ["node2:en3", "node3:en2"], ["node3:en3", "node1:en3"]]
+TINY_RUN = "--steps-per-report 1 --val-batches 1 --num-layers 1 --max-seq-length 256"
+
+
+@pytest.fixture(scope="module")
+def cabled(lab_cluster: LabCluster):
+    """The session's lab, every node up (test_train.py stops node2 last), cabled in a ring and
+    provisioned in links mode from the inventory lab.up writes for it."""
+    inventory = lab.up(3, TEST_LAB_ID, cables="ring")
+    cluster = LabCluster(lab_cluster.lab, inventory, lab_cluster.facts_dir, lab_cluster.model)
+    try:
+        yield cluster
+    finally:
+        shutil.rmtree(paths.build_dir_for(inventory), ignore_errors=True)
+
+
+def cable_bytes(cluster: LabCluster) -> dict[str, int]:
+    """Bytes sent from each cable end, by port."""
+    counts = {}
+    for link in RING:
+        for port in link:
+            host, interface = port.split(":")
+            counts[port] = int(subprocess.run(
+                ["ip", "netns", "exec", cluster.lab.netns(int(host[4:])), "cat",
+                 f"/sys/class/net/{interface}/statistics/tx_bytes"],
+                capture_output=True, text=True, check=True).stdout)
+    return counts
+
+
+def test_links_mode_converges_cable_by_cable_and_a_second_run_changes_nothing(cabled):
+    first = cabled.playbook()
+    assert first.returncode == 0, json.dumps(first.failures, indent=1)
+    second = cabled.playbook()
+    assert second.returncode == 0 and all(s["changed"] == 0 for s in second.stats.values()), second.changed
+    record = json.loads((paths.build_dir_for(cabled.inventory) / "cluster.json").read_text())
+    assert [[f"{e['host']}:{e['interface']}" for e in c["ends"]] for c in record["cables"]] == RING
+    assert [c["network"] for c in record["cables"]] == ["10.78.5.0/30", "10.78.5.4/30", "10.78.5.8/30"]
+    # Each end has its /30 and a networkd file that restores it at boot; the bridge's is gone.
+    out = cabled.ssh(2, "ip -br -4 addr show en2; ip -br -4 addr show en3; "
+                        "ls /etc/systemd/network/").stdout
+    assert "10.78.5.2/30" in out and "10.78.5.5/30" in out
+    assert "50-mlx-thunderbolt-en2.network" in out and "50-mlx-thunderbolt.network" not in out
+    # Across each cable, its far end answers (node3 to node1 over their own cable).
+    assert cabled.ssh(3, "ping -c 1 -W 2 10.78.5.10").returncode == 0
+    hosts = json.loads((paths.build_dir_for(cabled.inventory) / "hosts.json").read_text())
+    assert [h["ips"] for h in hosts["hosts"]] == [["10.78.5.10"], ["10.78.5.2"], ["10.78.5.6"]]
+
+
+def test_ring_training_runs_over_every_cable(cabled, tiny_inputs):
+    model_dir, data_dir = tiny_inputs
+    before = cable_bytes(cabled)
+    proc = subprocess.run(
+        [INVOKE, "train", "-i", str(cabled.inventory), "--backend", "ring", "--model", str(model_dir),
+         "--data", str(data_dir), "--iters", "6", "--batch-size", "3", "--extra",
+         TINY_RUN + " --steps-per-eval 6"],
+        cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
+    run_dir = finished_run(proc)
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["world_size"] == 3 and summary["max_weight_difference_across_ranks"] == 0.0
+        after = cable_bytes(cabled)
+        quiet = [port for port in before if after[port] - before[port] < 20_000]
+        assert not quiet, f"cable ends that carried no training traffic: {quiet}"
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def test_a_pulled_cable_is_named_by_doctor_and_by_the_run_it_stops(cabled, tiny_inputs):
+    lab.set_cable(cabled.lab, "node2:en3", up=False)
+    try:
+        doctor = subprocess.run([INVOKE, "doctor", "-i", str(cabled.inventory)], cwd=REPO,
+                                capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
+        assert doctor.returncode != 0
+        text = " ".join(doctor.stdout.split())
+        assert "cable node2:en3 <-> node3:en2" in text and "down" in text
+    finally:
+        lab.set_cable(cabled.lab, "node2:en3", up=True)
+
+    model_dir, data_dir = tiny_inputs
+    train = subprocess.Popen(
+        [INVOKE, "train", "-i", str(cabled.inventory), "--backend", "ring", "--model", str(model_dir),
+         "--data", str(data_dir), "--iters", "5000", "--batch-size", "3", "--extra",
+         TINY_RUN + " --steps-per-eval 5000"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    assert train.stdout is not None
+    try:
+        for line in train.stdout:
+            if line.split()[:2] == ["iter", "3/5000"]:
+                break
+        lab.set_cable(cabled.lab, "node2:en3", up=False)
+        cut = time.perf_counter()
+        _, stderr = train.communicate(timeout=240)
+        stopped = time.perf_counter() - cut
+    finally:
+        lab.set_cable(cabled.lab, "node2:en3", up=True)
+        train.kill()
+    assert train.returncode != 0
+    assert "cable node2:en3 <-> node3:en2" in stderr, stderr[-3000:]
+    assert [finetune_pids(cabled, n) for n in (1, 2, 3)] == [[], [], []]
+    shutil.rmtree(re.search(r"what arrived is in (\S+/runs/\d{8}-\d{6})", stderr)[1], ignore_errors=True)
+    print(f"node2:en3 pulled -> invoke train returned in {stopped:.1f} s")
+    assert stopped < 90
