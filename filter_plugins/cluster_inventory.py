@@ -1,4 +1,5 @@
-"""Ansible filters over the cluster inventory; the logic lives in mlxcluster.inventory."""
+"""Ansible filters over the cluster inventory and its cabling; the logic lives in mlxcluster.inventory
+and mlxcluster.topology."""
 
 from __future__ import annotations
 

@@ -98,9 +98,7 @@ def cables_of(groups: Mapping[str, list[str]], view: Mapping[str, Mapping[str, A
     cluster = list(groups["cluster"])
     if topology.mode_of(cluster, view) == "bridge":
         return []
-    hv = view[groups["launcher"][0]]
-    found, _ = topology.cables(hv.get("thunderbolt_links"),
-                               hv.get("thunderbolt_link_pool", topology.DEFAULT_POOL), cluster)
+    found = topology.listed_cables(cluster, view)
     return [{"ends": [{"host": end.host, "interface": end.interface, "address": address}
                       for end, address in zip(cable.ends, cable.addresses, strict=True)],
              "network": str(cable.network)} for cable in found]

@@ -305,6 +305,13 @@ def links_errors(hosts: Sequence[str], training: Sequence[str],
     return errors
 
 
+def listed_cables(hosts: Sequence[str], hostvars: Mapping[str, Mapping[str, Any]]) -> list[Cable]:
+    """The cables the inventory lists (validation has made the setting one for the cluster, and
+    refused what is wrong: here the well-formed ones are all there is)."""
+    hv = hostvars[hosts[0]] if hosts else {}
+    return cables(hv.get("thunderbolt_links"), hv.get("thunderbolt_link_pool", DEFAULT_POOL), hosts)[0]
+
+
 # --- what the thunderbolt role configures on one node --------------------------------------------
 
 
@@ -321,7 +328,7 @@ def ports_of(host: str, hosts: Sequence[str],
                  "prefix": int(hv.get("thunderbolt_prefix") or 24), "cable": None,
                  "peers": {h: str(hostvars[h]["thunderbolt_ip"]) for h in hosts
                            if h != host and hostvars.get(h, {}).get("thunderbolt_ip") not in (None, "")}}]
-    found, _ = cables(hv.get("thunderbolt_links"), hv.get("thunderbolt_link_pool", DEFAULT_POOL), hosts)
+    found = listed_cables(hosts, hostvars)
     return [{"interface": cable.port_of(host).interface, "address": cable.address_of(host),
              "prefix": cable.network.prefixlen, "cable": str(cable),
              "peers": {cable.peer_of(host).host: cable.address_of(cable.peer_of(host).host)}}
@@ -336,7 +343,7 @@ def contact_address(host: str, hosts: Sequence[str], launcher: str,
     hv = hostvars[host]
     if mode_of(hosts, hostvars) == "bridge":
         return str(hv["thunderbolt_ip"]) if hv.get("thunderbolt_ip") not in (None, "") else None
-    found, _ = cables(hv.get("thunderbolt_links"), hv.get("thunderbolt_link_pool", DEFAULT_POOL), hosts)
+    found = listed_cables(hosts, hostvars)
     own = [cable for cable in found if host in (end.host for end in cable.ends)]
     to_launcher = [cable for cable in own if cable.joins(host, launcher)]
     chosen = (to_launcher or own)[:1]
@@ -363,8 +370,7 @@ def rank_order(hosts: Sequence[str], launcher: str, hostvars: Mapping[str, Mappi
     if mode_of(hosts, hostvars) == "bridge":
         return ordered
     training = [h for h in ordered if _slots(hostvars[h]) > 0]
-    hv = hostvars[launcher]
-    found, _ = cables(hv.get("thunderbolt_links"), hv.get("thunderbolt_link_pool", DEFAULT_POOL), hosts)
+    found = listed_cables(hosts, hostvars)
     ring = ring_order(training, found) if training and training[0] == launcher else None
     first = ring or training
     return [*first, *(h for h in ordered if h not in first)]
@@ -375,8 +381,7 @@ def links_hostfile(hosts: Sequence[str], launcher: str, hostvars: Mapping[str, M
     """hosts.json in links mode: the ring backend's, the nodes that train in rank order, each
     reached by ssh at its end of a cable to the launcher, else at its management address."""
     order = [h for h in rank_order(hosts, launcher, hostvars) if _slots(hostvars[h]) > 0]
-    hv = hostvars[launcher]
-    found, _ = cables(hv.get("thunderbolt_links"), hv.get("thunderbolt_link_pool", DEFAULT_POOL), hosts)
+    found = listed_cables(hosts, hostvars)
     ssh = {host: reach_from_launcher(host, hosts, launcher, hostvars) for host in order}
     ssh[launcher] = contact_address(launcher, hosts, launcher, hostvars) or ssh[launcher]
     if len(order) == 1:  # one rank: no neighbour to talk to
@@ -408,7 +413,6 @@ def reach_from_launcher(host: str, hosts: Sequence[str], launcher: str,
     management address."""
     if mode_of(hosts, hostvars) == "bridge":
         return str(hostvars[host]["thunderbolt_ip"])
-    hv = hostvars[launcher]
-    found, _ = cables(hv.get("thunderbolt_links"), hv.get("thunderbolt_link_pool", DEFAULT_POOL), hosts)
+    found = listed_cables(hosts, hostvars)
     direct = [c for c in found if c.joins(host, launcher)]
     return direct[0].address_of(host) if direct else str(hostvars[host].get("ansible_host") or host)
