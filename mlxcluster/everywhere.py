@@ -30,7 +30,8 @@ def command(cluster: Cluster, program: list[str], interface: str | None = None,
     """The controller's command that starts `program` on every slot, as training starts."""
     if interactive is None:
         interactive = sys.stdin.isatty() and sys.stdout.isatty()
-    return launch.command(cluster, launch.Job(program, backend=launch.backend_for(cluster, None),
+    # Any program, not only Python: mpirun starts it (mlx.launch starts Python programs only).
+    return launch.command(cluster, launch.Job(program, backend=launch.backend_for(cluster, "mpi"),
                                               interface=interface, interactive=interactive))
 
 

@@ -137,7 +137,9 @@ def execute(plan: Plan, inventory: str) -> Path:
             # The model's identity, so that a resume with another --model is refused.
             "model_sha256": manifest_sha256(plan.request.model.resolve()),
             "data": str(plan.request.data.resolve()), "world_size": plan.cluster.world_size,
-            "backend": plan.request.backend or "mpi", "status": "running", "exit_code": None,
+            # As launched (a resume launches the same way); one rank alone runs directly.
+            "backend": "mpi" if plan.backend == "direct" else plan.backend,
+            "status": "running", "exit_code": None,
             "wall_time_s": None, "sync_s": round(time.perf_counter() - synced, 1),
             "launch": shlex.join(plan.launch)}
     if plan.resume:
