@@ -105,14 +105,6 @@ class Cluster:
                       for end in (a, b) if end["host"] == node.name]
         return ports
 
-    def cabled_as_full_mesh(self) -> bool:
-        """links mode: a cable joins every two nodes that train (what MPI needs); a bridge
-        joins them all."""
-        pairs = {frozenset(end["host"] for end in cable["ends"]) for cable in self.cables}
-        names = [n.name for n in self.training_nodes]
-        return not self.cables or all(frozenset((a, b)) in pairs
-                                      for i, a in enumerate(names) for b in names[i + 1:])
-
     def address_towards(self, node: Node, peer: Node) -> str:
         """Where `node` reaches `peer` on the cluster link: on a bridge its thunderbolt_ip, in
         links mode its end of a cable between them (else its recorded address)."""

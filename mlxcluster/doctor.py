@@ -69,10 +69,11 @@ def probe_node(cluster: Cluster, node: Node, timeout: float = 60) -> dict[str, A
         return {"unreachable": f"the probe failed ({proc.returncode}): {proc.stderr.strip()[-300:]}"}
 
 
-def mpi_job(cluster: Cluster, program: Sequence[str], timeout: float = 60) -> tuple[int, str]:
-    """Run `program` on every slot with mpirun from the launcher, as every launch does. In the
-    cluster root: the work directory appears only with the first run."""
-    job = launch.Job(program, backend="mpi", workdir=cluster.head.cluster_root)
+def mpi_job(cluster: Cluster, program: Sequence[str], timeout: float = 60,
+            backend: str = "mpi") -> tuple[int, str]:
+    """Run `program` on every slot from the launcher (mpirun, or mlx.launch with ring), as every
+    launch does. In the cluster root: the work directory appears only with the first run."""
+    job = launch.Job(program, backend=backend, workdir=cluster.head.cluster_root)
     try:
         proc = subprocess.run(launch.command(cluster, job), capture_output=True, text=True,
                               timeout=timeout, stdin=subprocess.DEVNULL)
@@ -90,7 +91,10 @@ def gather(cluster: Cluster) -> dict[str, Any]:
 
 
 def run_jobs(cluster: Cluster) -> dict[str, tuple[int, str]]:
-    """The cluster-wide MPI jobs: hostname on every slot, and an MLX all_sum over every rank."""
+    """The cluster-wide jobs: hostname on every slot and an MLX all_sum over every rank, with
+    mpirun; in links mode the all_sum alone, with the ring backend that training uses there."""
+    if cluster.cables:
+        return {"all_sum": mpi_job(cluster, ["python", "-c", ALL_SUM], backend="ring")}
     jobs = {"hostname": mpi_job(cluster, ["hostname"])}
     if cluster.world_size > 1:
         jobs["all_sum"] = mpi_job(cluster, ["python", "-c", ALL_SUM])

@@ -60,16 +60,16 @@ def backend_for(cluster: Cluster, requested: str | None) -> str:
     """The backend of a launch: the one asked for (mpi by default), but one rank on the launcher
     runs directly. (Under `mpirun -np 1` mlx-lm's trainer initializes MPI, which MLX never
     finalizes for a group of one, and mpirun fails the job after training finished.)"""
-    # Per-cable networks that are not a full mesh do not carry MPI (no node forwards for
-    # others): ring is what they carry.
-    mesh = cluster.cabled_as_full_mesh()
-    backend = requested or ("mpi" if mesh else "ring")
+    # Per-cable networks (links mode) carry the ring backend. Open MPI's TCP transport offers
+    # each peer all of a node's addresses and may pick one on a cable the peer is not on (seen
+    # on a 3-node ring, which is a full mesh: "connect() to 10.78.9.5 failed").
+    backend = requested or ("ring" if cluster.cables else "mpi")
     if backend not in BACKENDS:
         raise UserError(f"--backend must be {' or '.join(BACKENDS)}, not {backend!r}")
-    if backend == "mpi" and not mesh:
-        raise UserError("MPI needs a cable between every two nodes that train, and these cables "
-                        "make a ring: train with --backend ring (the default on such cabling), or "
-                        "add the missing cables (thunderbolt_links)")
+    if backend == "mpi" and cluster.cables:
+        raise UserError("MPI does not run over per-cable networks (thunderbolt_topology: links) yet: "
+                        "Open MPI would try peers' addresses on cables they do not share; train "
+                        "with --backend ring, the default in links mode")
     if backend == "mpi" and cluster.world_size == 1 and cluster.head.slots == 1:
         return "direct"
     return backend

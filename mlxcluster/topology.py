@@ -292,16 +292,19 @@ def links_errors(hosts: Sequence[str], training: Sequence[str],
     joined = neighbours(hosts, found)
     errors += [f"{host}: no cable in thunderbolt_links reaches it, but it trains (mpi_slots): cable "
                "it, or set its mpi_slots: 0" for host in training if not joined[host]]
-    if backend == "auto":
-        if len(training) > 1 and not (ring_order(training, found) or is_full_mesh(training, found)):
-            errors.append(f"the cables make neither a ring nor a full mesh through the nodes that "
-                          f"train ({', '.join(training)}): no backend can run on them")
+    if backend == "mpi":
+        # Open MPI's TCP transport tries peers' addresses on cables they do not share.
+        errors.append("cluster_backend: mpi does not run over per-cable networks yet: use ring "
+                      "(auto picks it), or thunderbolt_topology: bridge for MPI")
+    elif backend == "auto":
+        if len(training) > 1 and not ring_order(training, found):
+            errors.append(f"the cables make no ring through the nodes that train "
+                          f"({', '.join(training)}): add the missing cable")
     elif len(training) > 1 and (problem := backend_problem(backend, training, found)):
         errors.append(problem)
-    if backend in ("ring", "jaccl", "jaccl-ring"):
-        errors += [f"{host}: mpi_slots {hostvars[host].get('mpi_slots')} with the {backend} backend "
-                   "over per-cable networks: one rank per Mac (mpi_slots: 1)"
-                   for host in training if str(hostvars[host].get("mpi_slots", 1)) not in ("0", "1")]
+    errors += [f"{host}: mpi_slots {hostvars[host].get('mpi_slots')} over per-cable networks: one "
+               "rank per machine (mpi_slots: 1; the ring's neighbours are machines)"
+               for host in training if str(hostvars[host].get("mpi_slots", 1)) not in ("0", "1")]
     return errors
 
 

@@ -103,7 +103,7 @@ def test_a_ports_address_under_another_prefix_is_stale():
         {"interface": "en2", "local": "10.78.5.1", "prefixlen": 24}]
 
 
-def test_a_ring_of_four_trains_with_ring_by_default_and_refuses_mpi():
+def test_links_mode_trains_with_ring_by_default_and_refuses_mpi():
     from mlxcluster import launch
     from mlxcluster.errors import UserError
 
@@ -111,10 +111,8 @@ def test_a_ring_of_four_trains_with_ring_by_default_and_refuses_mpi():
               "slots": 1} for h in HOSTS]
     cluster = Cluster.from_json({"launcher": "node1", "nodes": nodes,
                                  "cables": cables_of({"cluster": HOSTS, "launcher": ["node1"]}, view())})
-    assert not cluster.cabled_as_full_mesh()
     assert launch.backend_for(cluster, None) == "ring"
-    with pytest.raises(UserError, match="MPI needs a cable between every two nodes that train"):
+    with pytest.raises(UserError, match="MPI does not run over per-cable networks"):
         launch.backend_for(cluster, "mpi")
-    # Two neighbours alone are a full mesh (so are three in a ring): MPI stays the default there.
-    assert cluster.first_nodes(2).cabled_as_full_mesh()
-    assert launch.backend_for(cluster.first_nodes(2), None) == "mpi"
+    bridge = Cluster.from_json({"launcher": "node1", "nodes": nodes})
+    assert launch.backend_for(bridge, None) == "mpi"

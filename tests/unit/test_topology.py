@@ -205,18 +205,20 @@ def test_a_links_inventory_is_checked_cable_by_cable_and_against_its_backend():
     [problem] = inventory_errors(*links_inventory(RING3[:2], cluster_backend="ring"))
     assert "the ring backend needs the cables to make a ring through every node" in problem
     [problem] = inventory_errors(*links_inventory(RING3[:2]))
-    assert "neither a ring nor a full mesh" in problem
+    assert "the cables make no ring through the nodes that train (mac1, mac2, mac3)" in problem
     groups, hostvars = links_inventory(RING3, cluster_backend="jaccl-ring")
     hostvars["mac2"]["mpi_slots"] = 2
     assert inventory_errors(groups, hostvars) == [
-        "mac2: mpi_slots 2 with the jaccl-ring backend over per-cable networks: one rank per Mac "
-        "(mpi_slots: 1)"]
-    groups, hostvars = links_inventory(RING3[:2], cluster_backend="mpi")
+        "mac2: mpi_slots 2 over per-cable networks: one rank per machine (mpi_slots: 1; the ring's "
+        "neighbours are machines)"]
+    groups, hostvars = links_inventory(RING3[:2])
     hostvars["mac2"]["thunderbolt_ip"] = "192.168.200.2"
-    hostvars["mac3"]["mpi_slots"] = 0  # out of training: mac1 - mac2 is the whole mesh
+    hostvars["mac3"]["mpi_slots"] = 0  # out of training: mac1 - mac2 is the whole ring
     assert inventory_errors(groups, hostvars) == [
         "mac2: thunderbolt_ip is for thunderbolt_topology: bridge; with links each cable's addresses "
         "come from thunderbolt_link_pool: remove it"]
+    [problem] = inventory_errors(*links_inventory(RING3, cluster_backend="mpi"))
+    assert problem.startswith("cluster_backend: mpi does not run over per-cable networks yet")
     groups, hostvars = links_inventory(RING3)
     hostvars["mac3"]["thunderbolt_link_pool"] = "10.9.0.0/24"
     [problem] = inventory_errors(groups, hostvars)
