@@ -29,8 +29,10 @@ TINY_RUN = "--steps-per-report 1 --val-batches 1 --num-layers 1 --max-seq-length
 
 @pytest.fixture(scope="module")
 def cabled(lab_cluster: LabCluster):
-    """The session's lab, every node up (test_train.py stops node2 last), cabled in a ring and
-    provisioned in links mode from the inventory lab.up writes for it."""
+    """The session's lab as three nodes (test_site.py adds a fourth, test_train.py stops node2
+    last), cabled in a ring and provisioned in links mode from the inventory lab.up writes."""
+    for extra in (n for n in lab_cluster.lab.nodes() if n > 3):
+        lab.stop_node(lab_cluster.lab, extra)
     inventory = lab.up(3, TEST_LAB_ID, cables="ring")
     cluster = LabCluster(lab_cluster.lab, inventory, lab_cluster.facts_dir, lab_cluster.model)
     try:
