@@ -212,18 +212,12 @@ def _hosts_by_value(value_of: Mapping[str, Any]) -> dict[str, list[str]]:
     return by_value
 
 
-def _cluster_link_errors(groups: Mapping[str, Sequence[str]], cluster: list[str], macs: set[str],
+def _cluster_link_errors(groups: Mapping[str, Sequence[str]], cluster: list[str],
                          hostvars: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """The cluster link's problems: the cables in links mode, the one subnet on a bridge."""
     if topology.mode_of(cluster, hostvars) != "links":
         return link_errors({host: hostvars.get(host, {}) for host in cluster})
-    errors = links_mode_errors(cluster, _ranked(groups, hostvars), hostvars)
-    on_macs = [host for host in cluster if host in macs]
-    if on_macs:
-        errors.append(f"thunderbolt_topology: links is not available for Macs yet ({', '.join(on_macs)}): "
-                      "this version configures per-cable networks on Linux nodes only; use the "
-                      "Thunderbolt Bridge (thunderbolt_topology: bridge, thunderbolt_ip per host)")
-    return errors
+    return links_mode_errors(cluster, _ranked(groups, hostvars), hostvars)
 
 
 def inventory_errors(groups: Mapping[str, Sequence[str]],
@@ -256,7 +250,7 @@ def inventory_errors(groups: Mapping[str, Sequence[str]],
             errors.append(f"{host}: {exc}; set mpi_slots: <ranks on this machine> (0 keeps it "
                           "out of training)")
 
-    errors += _cluster_link_errors(groups, cluster, platforms["macs"], hostvars)
+    errors += _cluster_link_errors(groups, cluster, hostvars)
 
     launchers = list(groups.get("launcher") or [])
     if not launchers:

@@ -7,13 +7,14 @@ stand-ins for the macOS tools the roles call (``brew``, ``networksetup``, ``pmse
 stand-ins answer from a small state file, refuse what the real tools refuse (brew as
 root, settings changes without root) and log every call.
 
-Two, because ssh_mesh only acts among several nodes and thunderbolt checks the link by
-pinging the other node. The contract play (tests/contract/darwin.yml) then runs three
-times: ``--check`` on the fresh "Macs", a first run, and a second run. The asserts are
-on the call logs: the right commands, as the right user, probe before change, each
-change issued once across both runs, and nothing changed by ``--check`` or by the
-second run. This proves the roles' Darwin task files are right and idempotent against
-the tools' documented behaviour; it does not prove that macOS behaves like the stand-ins.
+Two (node1 and node2 of the session's stand-in Macs: stand_in_macs.py), because ssh_mesh
+only acts among several nodes and thunderbolt checks the link by pinging the other node.
+The contract play (tests/contract/darwin.yml) then runs three times: ``--check`` on the
+fresh "Macs", a first run, and a second run. The asserts are on the call logs: the right
+commands, as the right user, probe before change, each change issued once across both
+runs, and nothing changed by ``--check`` or by the second run. This proves the roles'
+Darwin task files are right and idempotent against the tools' documented behaviour; it
+does not prove that macOS behaves like the stand-ins.
 
 Roles whose Darwin branch does not exist yet are left out of the play, and their tests
 are skipped with a reason saying so.
@@ -22,37 +23,34 @@ are skipped with a reason saying so.
 from __future__ import annotations
 
 import json
-import os
 import plistlib
-import re
-import secrets
 import shlex
-import subprocess
-import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 
-from mlxcluster.lab import Lab, down, up
+from mlxcluster.lab import Lab
+from tests.contract.stand_in_macs import (
+    ADMIN,
+    CONTRACT_ROOT,
+    HERE,
+    REPO,
+    Call,
+    StandInMacs,
+    ansible_playbook,
+    node_shell,
+    recap,
+)
 
 pytestmark = pytest.mark.cluster
 
-LAB_ID = 3
 NODES = (1, 2)
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent.parent
-ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
 # In site.yml's order. A role takes part once it has a Darwin branch.
 ROLES = ("macos", "thunderbolt", "ssh_mesh", "openmpi", "python_env")
-CONTRACT_ROOT = "/opt/mlx-contract"
-# The Mac's admin account, as in inventory/example/hosts.yml: not root, reaches root with become.
-ADMIN = "mlx"
 GPU_WIRED_LIMIT_MB = 8192
 RUNS = ("check", "first", "second")
-PLAYBOOK_TIMEOUT = 1800
 
 
 def has_darwin_branch(role: str) -> bool:
@@ -70,41 +68,6 @@ def needs_role(role: str) -> pytest.MarkDecorator:
         role not in COVERED,
         reason=f"roles/{role} has no Darwin branch yet (no tasks/*Darwin*.yml): not in the play",
     )
-
-
-@dataclass(frozen=True)
-class Call:
-    """One logged stand-in invocation."""
-
-    host: str
-    tool: str
-    argv: tuple[str, ...]
-    user: str
-    uid: int
-    run: str
-    rc: int
-
-    @property
-    def command(self) -> str:
-        return shlex.join([self.tool, *self.argv])
-
-    @property
-    def changes_something(self) -> bool:
-        """Whether the real tool would change the Mac (queries do not)."""
-        first = self.argv[0] if self.argv else ""
-        if self.tool == "brew":
-            return first in {"install", "upgrade", "reinstall", "uninstall", "remove", "rm",
-                             "link", "unlink", "update"}
-        if self.tool == "networksetup":
-            return first.startswith("-set") or first in {"-createnetworkservice",
-                                                         "-removenetworkservice"}
-        if self.tool == "pmset":
-            return first != "-g"
-        if self.tool == "sysctl":
-            return any("=" in arg for arg in self.argv)
-        if self.tool == "ifconfig":
-            return len(self.argv) > 1
-        return False
 
 
 @dataclass(frozen=True)
@@ -128,115 +91,36 @@ class Contract:
         return node_shell(self.lab, node, command)
 
 
-def node_shell(lab: Lab, node: int, command: str) -> str:
-    """Run a shell command as root on a lab node, over its own ssh."""
-    result = subprocess.run(
-        ["ssh", "-i", str(lab.key), "-o", f"UserKnownHostsFile={lab.known_hosts}",
-         "-o", "BatchMode=yes", f"root@{lab.mgmt_ip(node)}", command],
-        capture_output=True, text=True, timeout=60, check=False,
-    )
-    assert result.returncode == 0, f"{command!r} failed on the node: {result.stderr}"
-    return result.stdout
-
-
-RECAP = re.compile(
-    r"^(?P<host>\S+)\s*:\s*ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+"
-    r"unreachable=(?P<unreachable>\d+)\s+failed=(?P<failed>\d+)\s+skipped=(?P<skipped>\d+)",
-    re.MULTILINE,
-)
-
-
-def ansible_playbook(inventory: Path, playbook: Path, *args: str, facts_dir: Path) -> str:
-    env = {**os.environ, "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(facts_dir),
-           "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"}
-    result = subprocess.run(
-        [str(ANSIBLE_PLAYBOOK), "-i", str(inventory), str(playbook), *args],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=PLAYBOOK_TIMEOUT,
-        check=False,
-    )
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, f"{playbook.name} {' '.join(args)} failed:\n{output[-6000:]}"
-    return output
-
-
-def recap(output: str) -> dict[str, dict[str, int]]:
-    """PLAY RECAP counts by host."""
-    counts = {m["host"]: {key: int(value) for key, value in m.groupdict().items() if key != "host"}
-              for m in RECAP.finditer(output)}
-    assert sorted(counts) == [f"node{i}" for i in NODES], f"PLAY RECAP:\n{output[-3000:]}"
-    return counts
-
-
-def write_contract_inventory(lab: Lab, directory: Path, root_password: str) -> Path:
-    """The lab nodes as the Macs of the cluster, reached as the admin account."""
-    directory.mkdir(parents=True)
-    # darwin.yml is not in playbooks/, so the shipped defaults come in next to this inventory
-    # (ranked, like there, below the cluster vars below: ansible.cfg's precedence).
-    (directory / "group_vars").symlink_to(REPO / "playbooks" / "group_vars")
-    macs = {f"node{i}": {"ansible_host": lab.mgmt_ip(i), "thunderbolt_ip": lab.tb_ip(i),
-                         "mpi_slots": 1} for i in NODES}
-    cluster_vars = {
-        "ansible_user": ADMIN,
-        "ansible_ssh_private_key_file": str(lab.key),
-        "ansible_ssh_common_args": f"-o UserKnownHostsFile={lab.known_hosts}",
-        "ansible_python_interpreter": "/usr/bin/python3",
-        # A Mac's admin reaches root with sudo; lab nodes have no sudo, su does the same job.
-        "ansible_become_method": "su",
-        "ansible_become_password": root_password,
+def write_contract_inventory(macs: StandInMacs) -> Path:
+    """node1 and node2 as the Macs of a cluster on the Thunderbolt Bridge."""
+    return macs.write_inventory("inventory", {
+        f"node{i}": {"ansible_host": macs.lab.mgmt_ip(i), "thunderbolt_ip": macs.lab.tb_ip(i),
+                     "mpi_slots": 1} for i in NODES}, {
         # The lab node has no registry access: pip installs from the host's wheelhouse.
         "python_env_pip_extra_args": "--no-index --find-links=/var/cache/mlx-lab/wheels",
         # On a Mac the mlx wheel brings Metal; on this Linux node it needs a CPU backend.
         "python_env_extra_packages": ["mlx-cpu=={{ python_env_mlx_version }}"],
         "macos_keep_awake": True,
         "macos_gpu_wired_limit_mb": GPU_WIRED_LIMIT_MB,
-    }
-    hosts = {
-        "cluster": {"children": {"macs": {"hosts": macs}, "linux": {"hosts": {}}},
-                    "vars": cluster_vars},
-        "launcher": {"hosts": {"node1": None}},
-    }
-    inventory = directory / "hosts.yml"
-    inventory.write_text(yaml.safe_dump(hosts, sort_keys=False))
-    return inventory
+    })
 
 
 @pytest.fixture(scope="module")
-def contract(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Contract]:
-    if os.geteuid() != 0:
-        pytest.skip("the Darwin contract brings up lab nodes (network namespaces, overlay "
-                    "mounts): it needs root")
+def contract(stand_in_macs: StandInMacs) -> Contract:
+    """The three runs on node1 and node2 of the stand-in Macs, over the Thunderbolt Bridge."""
     if not COVERED:
         pytest.skip("no role has a Darwin branch yet")
-    lab = Lab(LAB_ID)
-    work = tmp_path_factory.mktemp("darwin-contract")
-    facts_dir = work / "facts"
-    # Lab 3 belongs to this test: start from a fresh node whatever an aborted run left.
-    down(LAB_ID)
-    try:
-        lab_inventory = up(len(NODES), LAB_ID)
-        root_password = secrets.token_urlsafe(18)
-        ansible_playbook(
-            lab_inventory, HERE / "prepare.yml",
-            "-e", json.dumps({"contract_public_key": Path(f"{lab.key}.pub").read_text().strip(),
-                              "contract_root_password": root_password}),
-            facts_dir=facts_dir,
-        )
-        inventory = write_contract_inventory(lab, work / "inventory", root_password)
-        recaps: dict[str, dict[str, dict[str, int]]] = {}
-        for run in RUNS:
-            extra = {"contract_run": run, "contract_roles": list(COVERED)}
-            check = ["--check"] if run == "check" else []
-            output = ansible_playbook(inventory, HERE / "darwin.yml", *check,
-                                      "-e", json.dumps(extra), facts_dir=facts_dir)
-            recaps[run] = recap(output)
-        calls = [Call(host=f"node{i}", tool=e["tool"], argv=tuple(e["argv"]), user=e["user"],
-                      uid=e["uid"], run=e["run"], rc=e["rc"])
-                 for i in NODES
-                 for e in map(json.loads,
-                              node_shell(lab, i, f"cat {CONTRACT_ROOT}/calls.jsonl").splitlines())]
-        yield Contract(recaps=recaps, calls=calls, lab=lab)
-    finally:
-        down(LAB_ID)
+    lab = stand_in_macs.lab
+    inventory = write_contract_inventory(stand_in_macs)
+    recaps: dict[str, dict[str, dict[str, int]]] = {}
+    for run in RUNS:
+        extra = {"contract_run": run, "contract_roles": list(COVERED)}
+        check = ["--check"] if run == "check" else []
+        output = ansible_playbook(inventory, HERE / "darwin.yml", *check,
+                                  "-e", json.dumps(extra), facts_dir=stand_in_macs.facts_dir)
+        recaps[run] = recap(output, NODES)
+    calls = [call for call in stand_in_macs.calls(NODES) if call.run in RUNS]
+    return Contract(recaps=recaps, calls=calls, lab=lab)
 
 
 # --- every role -------------------------------------------------------------------------

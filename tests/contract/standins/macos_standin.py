@@ -14,9 +14,9 @@ Like the real tools, the stand-ins refuse what the real ones refuse: brew run as
 root, and changes to network, power or kernel settings without root. That is what
 makes the contract catch a missing ``become`` (or a ``become`` too many).
 
-One side effect is real: a Thunderbolt Bridge address or MTU set with networksetup is
-also applied to the node's own interface of that name (bridge0, on the lab's isolated
-link), so that a role's own check across the link (ping) runs for real.
+One side effect is real: an address or MTU set with networksetup is also applied to the
+node's own interface of that name (bridge0 on the lab's isolated link, or a cable's port en2,
+en3... in links mode), so that a role's own check across the link (ping) runs for real.
 
 This proves what the roles ask macOS to do, not that macOS does it: the answers
 mimic the real tools' output formats as documented and seen in public scripts.
@@ -81,13 +81,18 @@ def fresh_state() -> State:
     ]
     for service in services:
         service["config"] = {"mode": "DHCP"}
+    # Every hardware port, with a service or not: an Apple Silicon Mac's Thunderbolt ports are
+    # members of the bridge and have no service of their own until one is created.
+    ports = [{"port": s["port"], "device": s["device"]} for s in services]
+    ports += [{"port": f"Thunderbolt {n}", "device": f"en{n + 1}"} for n in range(1, 5)]
     power = {"standby": "1", "Sleep On Power Button": "1", "hibernatefile": "/var/vm/sleepimage",
              "powernap": "1", "networkoversleep": "0", "disksleep": "10", "sleep": "1",
              "hibernatemode": "3", "ttyskeepawake": "1", "displaysleep": "10",
              "tcpkeepalive": "1", "lowpowermode": "0", "womp": "1"}
     return {
         "brew": {"installed": {}},
-        "network": {"services": services, "mtu": {"en0": 1500, "en1": 1500, "bridge0": 1500}},
+        "network": {"services": services, "hardware_ports": ports,
+                    "mtu": {port["device"]: 1500 for port in ports}},
         # A MacBook Pro on its charger: two power sources, so `-a` matters.
         "pmset": {"system": {}, "in_use": "AC Power",
                   "sources": {"Battery Power": {**power, "displaysleep": "2"},
@@ -221,9 +226,9 @@ def _service(state: State, name: str) -> dict[str, Any]:
 
 
 def _device(state: State, port_or_device: str) -> str:
-    for service in state["network"]["services"]:
-        if port_or_device in (service["port"], service["device"]):
-            return str(service["device"])
+    for port in state["network"]["hardware_ports"]:
+        if port_or_device in (port["port"], port["device"]):
+            return str(port["device"])
     raise ToolExit(4, f"Could not find hardware port or device named {port_or_device}.\n"
                       "** Error: The parameters were not valid.")
 
@@ -255,14 +260,14 @@ def networksetup(argv: list[str], state: State) -> int:
             out(("" if service["enabled"] else "*") + service["name"])
     elif command == "-listallhardwareports":
         out("")
-        for service in net["services"]:
-            out(f"Hardware Port: {service['port']}\nDevice: {service['device']}\n"
-                f"Ethernet Address: 36:a2:04:00:00:0{net['services'].index(service)}\n")
+        for i, port in enumerate(net["hardware_ports"]):
+            out(f"Hardware Port: {port['port']}\nDevice: {port['device']}\n"
+                f"Ethernet Address: 36:a2:04:00:00:0{i}\n")
         out("VLAN Configurations\n===================")
     elif command == "-listnetworkserviceorder":
         out("An asterisk (*) denotes that a network service is disabled.")
         for i, service in enumerate(net["services"], 1):
-            out(f"({i}) {service['name']}\n(Hardware Port: {service['port']}, "
+            out(f"({i if service['enabled'] else '*'}) {service['name']}\n(Hardware Port: {service['port']}, "
                 f"Device: {service['device']})\n")
     elif command == "-getinfo" and len(args) == 1:
         config = _service(state, args[0])["config"]
@@ -299,7 +304,22 @@ def networksetup(argv: list[str], state: State) -> int:
     elif command == "-getnetworkserviceenabled" and len(args) == 1:
         out("Enabled" if _service(state, args[0])["enabled"] else "Disabled")
     elif command == "-setnetworkserviceenabled" and len(args) == 2:
-        _service(state, args[0])["enabled"] = args[1].lower() == "on"
+        service = _service(state, args[0])
+        service["enabled"] = args[1].lower() == "on"
+        if not service["enabled"]:  # a disabled service's address is gone from its device
+            _apply_to_link(service["device"], ["-4", "addr", "flush", "dev", service["device"]])
+    elif command == "-createnetworkservice" and len(args) == 2:
+        if any(service["name"] == args[0] for service in net["services"]):
+            raise ToolExit(4, f"{args[0]} already exists.\n** Error: The parameters were not valid.")
+        port = next((p for p in net["hardware_ports"] if p["port"] == args[1]), None)
+        if port is None:
+            raise ToolExit(4, f"{args[1]} is not a valid hardware port.\n"
+                              "** Error: The parameters were not valid.")
+        net["services"].append({**port, "name": args[0], "enabled": True, "config": {"mode": "DHCP"}})
+    elif command == "-removenetworkservice" and len(args) == 1:
+        service = _service(state, args[0])
+        net["services"].remove(service)
+        _apply_to_link(service["device"], ["-4", "addr", "flush", "dev", service["device"]])
     else:
         raise ToolExit(4, f"{' '.join(argv)}: not handled by the stand-in.\n"
                           "** Error: The parameters were not valid.")
@@ -308,13 +328,13 @@ def networksetup(argv: list[str], state: State) -> int:
 
 # --- ifconfig (macOS flavour, reading only) ---------------------------------------------
 
-# What `ifconfig -l` lists on an Apple Silicon Mac besides the services' devices.
+# What `ifconfig -l` lists on an Apple Silicon Mac besides its hardware ports' devices.
 OTHER_INTERFACES = ("lo0", "gif0", "stf0", "anpi0", "anpi1", "ap1", "awdl0", "llw0", "utun0")
 
 
 def ifconfig(argv: list[str], state: State) -> int:
     net = state["network"]
-    devices = [s["device"] for s in net["services"]]
+    devices = [p["device"] for p in net["hardware_ports"]]
     if argv == ["-l"]:
         out(" ".join([*OTHER_INTERFACES[:5], *devices, *OTHER_INTERFACES[5:]]))
         return 0
@@ -322,10 +342,10 @@ def ifconfig(argv: list[str], state: State) -> int:
         raise ToolExit(1, f"ifconfig {' '.join(argv)}: the stand-in answers -l and "
                           "`ifconfig <interface>` only")
     device = argv[0]
-    service = next(s for s in net["services"] if s["device"] == device)
+    service = next((s for s in net["services"] if s["device"] == device and s["enabled"]), None)
     out(f"{device}: flags=8863<UP,BROADCAST,SMART,RUNNING,SIMPLEX,MULTICAST> "
         f"mtu {net['mtu'][device]}\n\tether 36:a2:04:00:00:0{devices.index(device)}")
-    config = service["config"]
+    config = service["config"] if service else {"mode": "none"}
     if config["mode"] == "Manual":
         mask = "".join(f"{int(octet):02x}" for octet in config["mask"].split("."))
         out(f"\tinet {config['ip']} netmask 0x{mask}")

@@ -1,0 +1,128 @@
+"""Darwin CONTRACT test of links mode: what the thunderbolt role asks a Mac's networksetup to do
+when each cable is its own network.
+
+The session's three stand-in Macs (stand_in_macs.py), cabled as a ring point to point (veth
+pairs named en2 and en3, as a Mac's Thunderbolt ports; the stand-in knows them as the hardware
+ports "Thunderbolt 1" and "Thunderbolt 2"), run the contract play with the thunderbolt role alone,
+in links mode: ``--check``, a first run and a second run. Before the runs two Macs get what a
+used Mac has: node1 a service the role made for a cable that is gone (en5), node2 a disabled
+service of its own on en2. An address set with networksetup is applied to the node's real port,
+so the role's own ping across every cable, and the test's, run for real.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from mlxcluster import topology
+from tests.contract.stand_in_macs import (
+    HERE,
+    LAB_ID,
+    NODES,
+    Call,
+    StandInMacs,
+    ansible_playbook,
+    node_shell,
+    recap,
+)
+
+pytestmark = pytest.mark.cluster
+
+HOSTS = [f"node{i}" for i in range(1, NODES + 1)]
+RUNS = ("links-check", "links-first", "links-second")
+MTU = 9000
+POOL = f"10.78.{LAB_ID}.0/24"  # the lab's own, as lab.up writes it
+PREFIX = "MLX Thunderbolt "
+# What a used Mac has before the runs (set up as root, outside any labelled run).
+BEFORE = {1: [["-createnetworkservice", f"{PREFIX}en5", "Thunderbolt 4"]],
+          2: [["-createnetworkservice", "TB one", "Thunderbolt 1"],
+              ["-setnetworkserviceenabled", "TB one", "off"]]}
+
+
+@pytest.fixture(scope="module")
+def links(stand_in_macs: StandInMacs) -> tuple[list[Call], dict, list[topology.Cable]]:
+    """The three runs' calls and recaps, and the cables as the inventory lists them."""
+    lab = stand_in_macs.lab
+    cabling = [["node1:en2", "node2:en2"], ["node2:en3", "node3:en2"], ["node3:en3", "node1:en3"]]
+    inventory = stand_in_macs.write_inventory("links-inventory", {
+        host: {"ansible_host": lab.mgmt_ip(i), "mpi_slots": 1} for i, host in enumerate(HOSTS, 1)}, {
+        "thunderbolt_topology": "links", "thunderbolt_links": cabling, "thunderbolt_link_pool": POOL,
+        "thunderbolt_mtu": MTU})
+    for node, commands in BEFORE.items():
+        for argv in commands:
+            node_shell(lab, node, shlex.join(["/opt/mlx-contract/bin/networksetup", *argv]))
+    recaps = {}
+    for run in RUNS:
+        extra = {"contract_run": run, "contract_roles": ["thunderbolt"]}
+        check = ["--check"] if run == "links-check" else []
+        output = ansible_playbook(inventory, HERE / "darwin.yml", *check, "-e", json.dumps(extra),
+                                  facts_dir=stand_in_macs.facts_dir)
+        recaps[run] = recap(output, range(1, NODES + 1))
+    calls = [call for call in stand_in_macs.calls(range(1, NODES + 1)) if call.run in RUNS]
+    return calls, recaps, topology.cables(cabling, POOL, HOSTS)[0]
+
+
+def changes(calls: list[Call], run: str, host: str | None = None) -> list[str]:
+    return [c.command for c in calls if c.run == run and c.changes_something and host in (None, c.host)]
+
+
+def test_every_run_succeeds_and_the_second_and_check_runs_change_nothing(links):
+    calls, recaps, _ = links
+    for run in RUNS:
+        assert all((c["failed"], c["unreachable"]) == (0, 0) for c in recaps[run].values()), run
+    assert {host: c["changed"] for host, c in recaps["links-second"].items()} == dict.fromkeys(HOSTS, 0)
+    assert changes(calls, "links-second") == [] and changes(calls, "links-check") == []
+    assert [(c.host, c.command, c.rc) for c in calls if c.rc != 0] == []
+
+
+def test_each_mac_turns_the_bridge_off_and_gives_every_cabled_port_its_cables_address(links):
+    calls, _, cables = links
+    for host in HOSTS:
+        expected = []
+        for cable in cables:
+            if host not in (end.host for end in cable.ends):
+                continue
+            port = cable.port_of(host).interface
+            service = "TB one" if (host, port) == ("node2", "en2") else PREFIX + port
+            if service != "TB one":
+                expected.append(shlex.join(["networksetup", "-createnetworkservice", service,
+                                            {"en2": "Thunderbolt 1", "en3": "Thunderbolt 2"}[port]]))
+            expected.append(shlex.join(["networksetup", "-setmanual", service, cable.address_of(host),
+                                        "255.255.255.252"]))
+        made = changes(calls, "links-first", host)
+        assert made[0] == "networksetup -setnetworkserviceenabled 'Thunderbolt Bridge' off", made
+        ported = [c for c in made if "-createnetworkservice" in c or "-setmanual" in c]
+        assert sorted(ported) == sorted(expected), made
+        # A port's service exists before its address is set.
+        assert ported == sorted(ported, key=lambda c: "-setmanual" in c), made
+        assert sorted(c for c in made if "-setMTU" in c) == [f"networksetup -setMTU {p} {MTU}"
+                                                            for p in ("en2", "en3")]
+        # Every change as root, after the role read the ports and services.
+        first = [c for c in calls if c.run == "links-first" and c.host == host]
+        assert all(c.uid == 0 for c in first if c.changes_something)
+        reads = [c.command for c in first].index("networksetup -listallnetworkservices")
+        assert not [c for c in first[:reads] if c.changes_something]
+
+
+def test_a_used_macs_services_are_reused_enabled_or_removed(links):
+    calls, _, _ = links
+    removed = "networksetup -removenetworkservice 'MLX Thunderbolt en5'"
+    assert removed in changes(calls, "links-first", "node1")
+    node2 = changes(calls, "links-first", "node2")
+    assert "networksetup -setnetworkserviceenabled 'TB one' on" in node2
+    assert not [c for c in node2 if "-createnetworkservice" in c and "en2" in c]
+
+
+def test_every_cable_carries_its_addresses_for_real(links, stand_in_macs: StandInMacs):
+    _, _, cables = links
+    for cable in cables:
+        for end in cable.ends:
+            node = HOSTS.index(end.host) + 1
+            shown = node_shell(stand_in_macs.lab, node, f"ip -4 -o addr show dev {end.interface}")
+            assert f"{cable.address_of(end.host)}/30" in shown, (str(cable), shown)
+        a, b = cable.ends
+        node_shell(stand_in_macs.lab, HOSTS.index(a.host) + 1,
+                   f"ping -c 1 -W 2 -I {a.interface} {cable.address_of(b.host)}")
