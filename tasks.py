@@ -129,7 +129,8 @@ def model_fetch(c, source=inputs.DEFAULT_MODEL, output=None, dtype=None):
     "iters": "Optimizer steps",
     "batch_size": "GLOBAL batch size (divisible by the total slots)",
     "extra": "More training flags, e.g. \"--learning-rate 2e-4 --num-layers 4\"",
-    "backend": "mpi (mpirun + hostfile, default) or ring (mlx.launch + hosts.json)",
+    "backend": "auto (default: jaccl on a full mesh of cables with RDMA, then jaccl-ring, ring, "
+               "mpi on a bridge; says why), mpi, ring, jaccl or jaccl-ring",
     "interface": "Interface MPI traffic is pinned to (default: the Thunderbolt interface)",
     "btl_tcp_links": "TCP connections per peer for Open MPI (btl_tcp_links)",
     "threads": "BLAS threads per rank (default: all cores, or 1 when a node has several slots)",

@@ -6,15 +6,16 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from mlxcluster.inventory import topology_view
-from mlxcluster.record import cables_of, planned, record, seen_in_run
+from mlxcluster.record import asked_backend, cables_of, planned, record, seen_in_run
 
 
 def cluster_record(groups: Mapping[str, list[str]], hostvars: Any, targeted: Iterable[str],
                    answered: Iterable[str], previous: str | None = None) -> dict[str, Any]:
     """``{{ groups | cluster_record(hostvars, ansible_play_hosts_all, ansible_play_hosts,
     previous_json) }}``: build/<inventory>/cluster.json, this run's news merged into the last."""
+    view = topology_view(groups["cluster"], hostvars)
     return record(groups["launcher"][0], seen_in_run(groups, hostvars, targeted, answered),
-                  previous, cables_of(groups, topology_view(groups["cluster"], hostvars)))
+                  previous, cables_of(groups, view), asked_backend(groups, view))
 
 
 class FilterModule:

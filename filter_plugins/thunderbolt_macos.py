@@ -75,6 +75,13 @@ def thunderbolt_macos_links(ports: Sequence[Mapping[str, Any]], hardware_text: s
             "ports": planned}
 
 
+def thunderbolt_rdma_devices(ibv_devices: str) -> list[str]:
+    """The RDMA devices `ibv_devices` lists (rdma_en2, ...: one per Thunderbolt port once RDMA is
+    enabled), as MLX's configurator reads them; none when it lists none or is missing."""
+    return sorted({word for word in (ibv_devices or "").split() if word.startswith("rdma_")})
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"thunderbolt_macos_links": thunderbolt_macos_links}
+        return {"thunderbolt_macos_links": thunderbolt_macos_links,
+                "thunderbolt_rdma_devices": thunderbolt_rdma_devices}

@@ -9,14 +9,17 @@ too, so every launch, sync and check takes a `Cluster` and nothing else.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlxcluster.backends import Choice, choose
 from mlxcluster.errors import UserError
 from mlxcluster.paths import build_dir_for
+from mlxcluster.topology import Cable, Port
 
 
 class NotReady(UserError):
@@ -48,6 +51,10 @@ class Node:
     # controller_path, bytes; None on a 0-slot node or before the model play ran.
     model: Mapping[str, Any] | None = None
     connection: Mapping[str, Any] = field(default_factory=dict)
+    # A Mac in links mode: its RDMA devices (ibv_devices: rdma_en2, ...) and its address on the
+    # management network (JACCL's ranks meet rank 0 there); None where not probed.
+    rdma_devices: tuple[str, ...] | None = None
+    management_ip: str | None = None
 
     @property
     def provisioned(self) -> bool:
@@ -81,12 +88,30 @@ class Cluster:
     nodes: tuple[Node, ...]
     # links mode: each cable's ends, {"ends": [{"host", "interface", "address"}, ...], "network"}
     cables: tuple[Mapping[str, Any], ...] = ()
+    # The backend `--backend auto` means here, as provisioning chose it: {"name", "why"}.
+    backend: Mapping[str, str] | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Cluster:
         nodes = tuple(Node(**{k: v for k, v in node.items() if k in Node.__dataclass_fields__})
                       for node in data["nodes"])
-        return cls(launcher=data["launcher"], nodes=nodes, cables=tuple(data.get("cables") or ()))
+        return cls(launcher=data["launcher"], nodes=nodes, cables=tuple(data.get("cables") or ()),
+                   backend=data.get("backend"))
+
+    def links(self) -> list[Cable]:
+        """The cables as topology's Cables (links mode; none on a bridge)."""
+        return [Cable(i, tuple(Port(end["host"], end["interface"]) for end in c["ends"]),  # type: ignore[arg-type]
+                      ipaddress.ip_network(c["network"])) for i, c in enumerate(self.cables)]
+
+    def backend_choice(self, asked: str | None = None) -> Choice:
+        """The backend a launch uses and why: the one asked for, else (auto) the recorded choice,
+        else the choice for this layout (mlxcluster/backends.py)."""
+        if asked and asked != "auto":
+            return Choice(asked, "asked for (--backend)")
+        if self.backend:
+            return Choice(self.backend["name"], self.backend["why"])
+        return choose("links" if self.cables else "bridge", [n.name for n in self.training_nodes],
+                      self.links(), {n.name: n.rdma_devices for n in self.nodes})
 
     def node(self, name: str) -> Node:
         return next(n for n in self.nodes if n.name == name)

@@ -19,10 +19,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from mlxcluster import remote
-from mlxcluster.cluster import Cluster
+from mlxcluster.backends import RDMA_HOWTO, Choice, rdma_missing
+from mlxcluster.cluster import Cluster, Node
 from mlxcluster.errors import UserError
+from mlxcluster.topology import backend_problem, mlx_hostfile
 
-BACKENDS = ("mpi", "ring")
+BACKENDS = ("mpi", "ring", "jaccl", "jaccl-ring")
+# The backends mlx.launch starts, and the hosts file each reads.
+MLX_BACKENDS = ("ring", "jaccl", "jaccl-ring")
+JACCL_HOSTS_FILE = "jaccl-hosts.json"  # written into the work directory at launch
 # Variables env.sh (roles/python_env) sets that every mpirun rank needs, per launcher OS.
 ENV_FILE_VARS = {
     "Debian": ("PATH", "VIRTUAL_ENV", "LD_PRELOAD"),
@@ -56,23 +61,43 @@ class Job:
     ring_envs: Sequence[str] = ()
 
 
-def backend_for(cluster: Cluster, requested: str | None) -> str:
-    """The backend of a launch: the one asked for (mpi by default), but one rank on the launcher
-    runs directly. (Under `mpirun -np 1` mlx-lm's trainer initializes MPI, which MLX never
-    finalizes for a group of one, and mpirun fails the job after training finished.)"""
-    # Per-cable networks (links mode) carry the ring backend. Open MPI's TCP transport offers
-    # each peer all of a node's addresses and may pick one on a cable the peer is not on (seen
-    # on a 3-node ring, which is a full mesh: "connect() to 10.78.9.5 failed").
-    backend = requested or ("ring" if cluster.cables else "mpi")
-    if backend not in BACKENDS:
-        raise UserError(f"--backend must be {' or '.join(BACKENDS)}, not {backend!r}")
-    if backend == "mpi" and cluster.cables:
+def choice_for(cluster: Cluster, requested: str | None) -> Choice:
+    """The backend of a launch and why: the one asked for, else what `auto` means for this
+    cluster (recorded by provisioning: mlxcluster/backends.py). One MPI rank on the launcher
+    runs directly: under `mpirun -np 1` mlx-lm's trainer initializes MPI, which MLX never
+    finalizes for a group of one, and mpirun fails the job after training finished."""
+    if requested not in (None, "auto", *BACKENDS):
+        raise UserError(f"--backend must be auto, {', '.join(BACKENDS)}, not {requested!r}")
+    try:
+        choice = cluster.backend_choice(requested)
+    except ValueError as exc:
+        raise UserError(f"no backend can run on this cluster: {exc}") from None
+    training = [n.name for n in cluster.training_nodes]
+    if choice.backend == "mpi" and cluster.cables:
+        # Open MPI's TCP transport offers each peer all of a node's addresses and may pick one on
+        # a cable the peer is not on (seen on a 3-node ring: "connect() to 10.78.9.5 failed").
         raise UserError("MPI does not run over per-cable networks (thunderbolt_topology: links) yet: "
                         "Open MPI would try peers' addresses on cables they do not share; train "
-                        "with --backend ring, the default in links mode")
-    if backend == "mpi" and cluster.world_size == 1 and cluster.head.slots == 1:
-        return "direct"
-    return backend
+                        "with --backend auto (ring or JACCL) or ring")
+    if choice.backend.startswith("jaccl"):
+        if not cluster.cables:
+            raise UserError(f"--backend {choice.backend} needs per-cable networks "
+                            "(thunderbolt_topology: links): JACCL runs on each cable's RDMA device")
+        if len(training) > 1 and (problem := backend_problem(choice.backend, training, cluster.links())):
+            raise UserError(problem)
+        rdma = {n.name: n.rdma_devices for n in cluster.nodes}
+        if missing := rdma_missing(training, cluster.links(), rdma):
+            raise UserError(f"--backend {choice.backend}: no RDMA device on {', '.join(missing)} "
+                            f"(ibv_devices, as provisioning recorded it): {RDMA_HOWTO}, then "
+                            "invoke provision again; or train with --backend ring")
+    if choice.backend == "mpi" and cluster.world_size == 1 and cluster.head.slots == 1:
+        return Choice("direct", choice.why)
+    return choice
+
+
+def backend_for(cluster: Cluster, requested: str | None) -> str:
+    """The backend of a launch (choice_for, without why)."""
+    return choice_for(cluster, requested).backend
 
 
 def rank_env(cluster: Cluster, job: Job) -> dict[str, str]:
@@ -134,13 +159,32 @@ def ring_hosts(cluster: Cluster, envs: Sequence[str] = ()) -> dict[str, object]:
                       for n in cluster.training_nodes for _ in range(n.slots)]}
 
 
+def jaccl_hosts(cluster: Cluster, backend: str, envs: Sequence[str] = ()) -> dict[str, object]:
+    """mlx.launch's hosts file for JACCL (jaccl or jaccl-ring), in MLX's own format: per rank the
+    RDMA device towards each peer, and rank 0's management address, where the ranks meet."""
+    head = cluster.head
+    training = cluster.training_nodes
+
+    def reach(node: Node) -> str:  # over a cable to the launcher, else the management network
+        if node.name == head.name:
+            return head.thunderbolt_ip
+        if any({e["host"] for e in c["ends"]} == {head.name, node.name} for c in cluster.cables):
+            return cluster.address_towards(head, node)
+        return str(node.connection.get("host") or node.name)
+
+    ssh = {n.name: reach(n) for n in training}
+    meet = {n.name: n.management_ip or str(n.connection.get("host") or n.name) for n in training}
+    return mlx_hostfile(backend, [n.name for n in training], cluster.links(), ssh, meet, envs)
+
+
 def mlx_launch_command(cluster: Cluster, job: Job, env: Mapping[str, str]) -> list[str]:
-    """mlx.launch --backend ring, run on the launcher, to start the job."""
+    """mlx.launch --backend ring, jaccl or jaccl-ring, run on the launcher, to start the job."""
     head = cluster.head
     workdir = job.workdir or head.work_dir
-    hosts = (f"{workdir}/{job.ring_hosts_file}" if job.ring_hosts_file
+    hosts = (f"{workdir}/{JACCL_HOSTS_FILE}" if job.backend != "ring" else
+             f"{workdir}/{job.ring_hosts_file}" if job.ring_hosts_file
              else f"{head.cluster_root}/hosts.json")
-    cmd = [f"{head.venv}/bin/mlx.launch", "--backend", "ring", "--hostfile", hosts,
+    cmd = [f"{head.venv}/bin/mlx.launch", "--backend", job.backend, "--hostfile", hosts,
            "--cwd", workdir,
            # mlx.launch can only pass fixed values, but each rank needs what its own env.sh sets
            # (the venv first on PATH, OpenBLAS preloaded): so every rank runs bash, which sources
@@ -161,11 +205,14 @@ def command(cluster: Cluster, job: Job) -> list[str]:
     prefix = ""
     if job.backend == "mpi":
         argv = mpirun_command(cluster, job, env)
-    elif job.backend == "ring":
+    elif job.backend in MLX_BACKENDS:
         argv = mlx_launch_command(cluster, job, env)
-        if job.ring_hosts_file:
-            content = shlex.quote(json.dumps(ring_hosts(cluster, job.ring_envs)))
-            prefix = f"printf '%s\\n' {content} > {shlex.quote(f'{workdir}/{job.ring_hosts_file}')} && "
+        # A hosts file of this layout's own, written where mlx.launch reads it.
+        written = ((ring_hosts(cluster, job.ring_envs), job.ring_hosts_file) if job.backend == "ring"
+                   else (jaccl_hosts(cluster, job.backend, job.ring_envs), JACCL_HOSTS_FILE))
+        if written[1]:
+            content = shlex.quote(json.dumps(written[0]))
+            prefix = f"printf '%s\\n' {content} > {shlex.quote(f'{workdir}/{written[1]}')} && "
     elif job.backend == "direct":
         argv = ["env", *(f"{k}={v}" for k, v in sorted(env.items())),
                 *_venv_python(cluster, job.program)]

@@ -24,7 +24,7 @@ from typing import Any
 from jinja2 import Undefined
 
 from mlxcluster import topology
-from mlxcluster.cluster import REQUIRED_PATHS
+from mlxcluster.cluster import REQUIRED_PATHS, Cluster
 from mlxcluster.inventory import topology_view
 
 # What a node's roles tell the record: the node field and the fact (set_fact) it comes from.
@@ -34,6 +34,9 @@ LEARNED: Mapping[str, str] = {
     "env_file": "python_env_env_path",
     "openmpi_prefix": "openmpi_prefix",
     "model": "model_installed",  # the model role's {path, manifest sha256}
+    # A Mac in links mode (the thunderbolt role): what --backend auto needs to pick JACCL.
+    "rdma_devices": "thunderbolt_rdma_devices",
+    "management_ip": "thunderbolt_management_ip",
 }
 
 
@@ -83,14 +86,21 @@ def node_record(seen: Seen, before: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def record(launcher: str, seen: Iterable[Seen], previous: str | None,
-           cables: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+           cables: list[dict[str, Any]] | None = None, asked: str = "auto") -> dict[str, Any]:
     """The whole record: the launcher and every inventory node in the order given (rank order:
-    the launcher first), and in links mode the cables. Nodes no longer in the inventory are
-    dropped."""
+    the launcher first), in links mode the cables, and the backend `--backend auto` means (the
+    inventory's cluster_backend, or the best this layout carries) with why. Nodes no longer in
+    the inventory are dropped."""
     before = previous_nodes(previous)
     found = {"launcher": launcher,
              "nodes": [node_record(s, before.get(s.settings["name"])) for s in seen]}
-    return found | ({"cables": cables} if cables else {})
+    found |= {"cables": cables} if cables else {}
+    try:
+        choice = Cluster.from_json(found).backend_choice(asked)
+    except ValueError:  # no backend fits (the inventory check says why): nothing to record
+        return found
+    return found | {"backend": {"name": choice.backend, "why": choice.why if asked in (None, "auto")
+                                else "cluster_backend in the inventory"}}
 
 
 def cables_of(groups: Mapping[str, list[str]], view: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -178,4 +188,10 @@ def planned(groups: Mapping[str, list[str]], hostvars: Mapping[str, Any]) -> dic
     launcher = groups["launcher"][0]
     return record(launcher, [Seen(settings=node_settings(name, hostvars, launcher, view),
                                   cluster_root=_resolved(hostvars[name], "cluster_root"))
-                             for name in rank_order(groups, view)], None, cables_of(groups, view))
+                             for name in rank_order(groups, view)], None, cables_of(groups, view),
+                  asked_backend(groups, view))
+
+
+def asked_backend(groups: Mapping[str, list[str]], view: Mapping[str, Mapping[str, Any]]) -> str:
+    """The inventory's cluster_backend (validation made it one for the cluster): auto by default."""
+    return str(view.get(groups["launcher"][0], {}).get("cluster_backend") or "auto")

@@ -36,7 +36,7 @@ class Request:
     model: Path
     config: Path | None = None  # a YAML settings file; for a resumed run, the run's own config.yaml
     overrides: Sequence[str] = ()  # more training flags, after the config's
-    backend: str | None = None  # mpi (default) or ring
+    backend: str | None = None  # auto (None: what the cluster's recorded choice says), or a backend
     interface: str | None = None
     btl_tcp_links: int | None = None
     threads: int | None = None
@@ -54,6 +54,7 @@ class Plan:
     steps: list[sync.Step]
     launch: list[str]
     pull: list[str]
+    backend_why: str = ""  # why this backend (mlxcluster/backends.py)
 
     @property
     def results(self) -> Path:
@@ -91,18 +92,21 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
     program = finetune_argv(model=placed.model, data=placed.data, adapter_path=run_dir,
                             config=placed.config, resume=resume, world_size=cluster.world_size,
                             overrides=request.overrides)
-    backend = launch.backend_for(cluster, request.backend)
+    choice = launch.choice_for(cluster, request.backend)
+    backend = choice.backend
     job = launch.Job(program, backend=backend, interface=request.interface,
                      btl_tcp_links=request.btl_tcp_links, threads=request.threads,
                      interactive=request.interactive)
     return Plan(cluster, request, run_id, resume, backend, steps, launch.command(cluster, job),
-                sync.pull(cluster.head, run_dir, RUNS / run_id))
+                sync.pull(cluster.head, run_dir, RUNS / run_id), backend_why=choice.why)
 
 
 def show(plan: Plan, notes: Sequence[str] = ()) -> None:
     """--dry-run: what the plan rests on (`notes`), then every command, in order."""
     for note in notes:
         print(f"# {note}")
+    if plan.backend_why:
+        print(f"# backend {plan.backend}: {plan.backend_why}")
     sync.run_steps(plan.steps, dry_run=True)
     print(f"# launch on {plan.cluster.head.name}\n{shlex.join(plan.launch)}")
     print(f"# bring the results back\n{shlex.join(plan.pull)}")
@@ -131,6 +135,8 @@ def execute(plan: Plan, inventory: str) -> Path:
     sync.run_steps(plan.steps)
     ranks = f"{plan.cluster.world_size} rank{'s' if plan.cluster.world_size > 1 else ''}"
     how = "one process, no launcher" if plan.backend == "direct" else plan.backend
+    if plan.backend != "direct" and plan.backend_why:
+        print(f"==> backend {plan.backend}: {plan.backend_why}", flush=True)
     print(f"==> {'resuming run ' + plan.run_id if plan.resume else 'training'} on {ranks} ({how}); "
           "rank 0 reports:", flush=True)
     info = {"inventory": inventory, "model": str(plan.request.model.resolve()),
@@ -139,6 +145,7 @@ def execute(plan: Plan, inventory: str) -> Path:
             "data": str(plan.request.data.resolve()), "world_size": plan.cluster.world_size,
             # As launched (a resume launches the same way); one rank alone runs directly.
             "backend": "mpi" if plan.backend == "direct" else plan.backend,
+            "backend_why": plan.backend_why,
             "status": "running", "exit_code": None,
             "wall_time_s": None, "sync_s": round(time.perf_counter() - synced, 1),
             "launch": shlex.join(plan.launch)}
@@ -241,8 +248,8 @@ def train(inventory: str, options: Options) -> Path | None:
     dry run, which also plans on a cluster not provisioned yet)."""
     rec, notes = preview.layout(inventory) if options.dry_run else (recorded(inventory), [])
     resume_run, options = _resumed(options)
-    if options.backend not in (None, *launch.BACKENDS):
-        raise UserError(f"--backend must be mpi or ring, not {options.backend!r}")
+    if options.backend not in (None, "auto", *launch.BACKENDS):
+        raise UserError(f"--backend must be auto, {', '.join(launch.BACKENDS)}, not {options.backend!r}")
     request = request_for(rec, options, fetch=not options.dry_run and not resume_run)
     the_plan = plan(rec.cluster, request, run_id=resume_run or runs.new_id(),
                     resume=resume_run is not None)

@@ -68,6 +68,8 @@ class Call:
             return first != "-g"
         if self.tool == "sysctl":
             return any("=" in arg for arg in self.argv)
+        if self.tool == "rdma_ctl":
+            return first != "status"
         if self.tool == "ifconfig":
             return len(self.argv) > 1
         return False

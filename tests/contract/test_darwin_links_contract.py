@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import dataclass
 
 import pytest
 
@@ -36,15 +37,28 @@ RUNS = ("links-check", "links-first", "links-second")
 MTU = 9000
 POOL = f"10.78.{LAB_ID}.0/24"  # the lab's own, as lab.up writes it
 PREFIX = "MLX Thunderbolt "
-# What a used Mac has before the runs (set up as root, outside any labelled run).
-BEFORE = {1: [["-createnetworkservice", f"{PREFIX}en5", "Thunderbolt 4"]],
-          2: [["-createnetworkservice", "TB one", "Thunderbolt 1"],
-              ["-setnetworkserviceenabled", "TB one", "off"]]}
+# What used Macs have before the runs (set up as root, outside any labelled run): node1 a service
+# the role made for a cable now gone, node2 a disabled one of its own; RDMA enabled (in Recovery)
+# on node1 and node2, and on node3 only between the first and the second run.
+NETWORKSETUP = "/opt/mlx-contract/bin/networksetup"
+ENABLE_RDMA = "MLX_CONTRACT_RECOVERY=1 /opt/mlx-contract/bin/rdma_ctl enable"
+BEFORE = {1: [shlex.join([NETWORKSETUP, "-createnetworkservice", f"{PREFIX}en5", "Thunderbolt 4"]),
+              ENABLE_RDMA],
+          2: [shlex.join([NETWORKSETUP, "-createnetworkservice", "TB one", "Thunderbolt 1"]),
+              shlex.join([NETWORKSETUP, "-setnetworkserviceenabled", "TB one", "off"]), ENABLE_RDMA]}
+
+
+@dataclass(frozen=True)
+class Runs:
+    calls: list[Call]
+    recaps: dict[str, dict[str, dict[str, int]]]
+    cables: list[topology.Cable]  # as the inventory lists them
+    records: dict[str, dict]  # the record (cluster.json) each run's facts make
 
 
 @pytest.fixture(scope="module")
-def links(stand_in_macs: StandInMacs) -> tuple[list[Call], dict, list[topology.Cable]]:
-    """The three runs' calls and recaps, and the cables as the inventory lists them."""
+def links(stand_in_macs: StandInMacs) -> Runs:
+    """The three runs on the stand-in Macs in links mode."""
     lab = stand_in_macs.lab
     cabling = [["node1:en2", "node2:en2"], ["node2:en3", "node3:en2"], ["node3:en3", "node1:en3"]]
     inventory = stand_in_macs.write_inventory("links-inventory", {
@@ -52,17 +66,23 @@ def links(stand_in_macs: StandInMacs) -> tuple[list[Call], dict, list[topology.C
         "thunderbolt_topology": "links", "thunderbolt_links": cabling, "thunderbolt_link_pool": POOL,
         "thunderbolt_mtu": MTU})
     for node, commands in BEFORE.items():
-        for argv in commands:
-            node_shell(lab, node, shlex.join(["/opt/mlx-contract/bin/networksetup", *argv]))
-    recaps = {}
+        for command in commands:
+            node_shell(lab, node, command)
+    recaps, records = {}, {}
     for run in RUNS:
+        if run == "links-second":
+            node_shell(lab, 3, ENABLE_RDMA)
         extra = {"contract_run": run, "contract_roles": ["thunderbolt"]}
         check = ["--check"] if run == "links-check" else []
+        if not check:
+            extra["contract_record_path"] = str(stand_in_macs.work / f"{run}.json")
         output = ansible_playbook(inventory, HERE / "darwin.yml", *check, "-e", json.dumps(extra),
                                   facts_dir=stand_in_macs.facts_dir)
         recaps[run] = recap(output, range(1, NODES + 1))
+        if not check:
+            records[run] = json.loads((stand_in_macs.work / f"{run}.json").read_text())
     calls = [call for call in stand_in_macs.calls(range(1, NODES + 1)) if call.run in RUNS]
-    return calls, recaps, topology.cables(cabling, POOL, HOSTS)[0]
+    return Runs(calls, recaps, topology.cables(cabling, POOL, HOSTS)[0], records)
 
 
 def changes(calls: list[Call], run: str, host: str | None = None) -> list[str]:
@@ -70,7 +90,7 @@ def changes(calls: list[Call], run: str, host: str | None = None) -> list[str]:
 
 
 def test_every_run_succeeds_and_the_second_and_check_runs_change_nothing(links):
-    calls, recaps, _ = links
+    calls, recaps = links.calls, links.recaps
     for run in RUNS:
         assert all((c["failed"], c["unreachable"]) == (0, 0) for c in recaps[run].values()), run
     assert {host: c["changed"] for host, c in recaps["links-second"].items()} == dict.fromkeys(HOSTS, 0)
@@ -79,7 +99,7 @@ def test_every_run_succeeds_and_the_second_and_check_runs_change_nothing(links):
 
 
 def test_each_mac_turns_the_bridge_off_and_gives_every_cabled_port_its_cables_address(links):
-    calls, _, cables = links
+    calls, cables = links.calls, links.cables
     for host in HOSTS:
         expected = []
         for cable in cables:
@@ -108,7 +128,7 @@ def test_each_mac_turns_the_bridge_off_and_gives_every_cabled_port_its_cables_ad
 
 
 def test_a_used_macs_services_are_reused_enabled_or_removed(links):
-    calls, _, _ = links
+    calls = links.calls
     removed = "networksetup -removenetworkservice 'MLX Thunderbolt en5'"
     assert removed in changes(calls, "links-first", "node1")
     node2 = changes(calls, "links-first", "node2")
@@ -117,7 +137,7 @@ def test_a_used_macs_services_are_reused_enabled_or_removed(links):
 
 
 def test_every_cable_carries_its_addresses_for_real(links, stand_in_macs: StandInMacs):
-    _, _, cables = links
+    cables = links.cables
     for cable in cables:
         for end in cable.ends:
             node = HOSTS.index(end.host) + 1
@@ -126,3 +146,23 @@ def test_every_cable_carries_its_addresses_for_real(links, stand_in_macs: StandI
         a, b = cable.ends
         node_shell(stand_in_macs.lab, HOSTS.index(a.host) + 1,
                    f"ping -c 1 -W 2 -I {a.interface} {cable.address_of(b.host)}")
+
+
+def test_the_record_keeps_each_macs_rdma_devices_and_auto_picks_jaccl_once_every_port_has_rdma(
+        links, stand_in_macs: StandInMacs):
+    first, second = links.records["links-first"], links.records["links-second"]
+    every_port = ["rdma_en2", "rdma_en3", "rdma_en4", "rdma_en5"]
+    assert {n["name"]: n["rdma_devices"] for n in first["nodes"]} == {
+        "node1": every_port, "node2": every_port, "node3": []}
+    assert {n["name"]: n["management_ip"] for n in first["nodes"]} == {
+        host: stand_in_macs.lab.mgmt_ip(i) for i, host in enumerate(HOSTS, 1)}
+    # node3's ports lack RDMA: the ring backend, saying so and how to enable it.
+    assert first["backend"]["name"] == "ring"
+    assert "no RDMA on node3:en2, node3:en3" in first["backend"]["why"]
+    assert "rdma_ctl enable" in first["backend"]["why"]
+    # A ring of three is a full mesh: with RDMA everywhere, JACCL's mesh.
+    assert second["backend"] == {"name": "jaccl", "why": "a cable joins every two nodes and every "
+                                 "cabled port has RDMA"}
+    for run in ("links-check", "links-first", "links-second"):
+        probes = [c.host for c in links.calls if c.run == run and c.tool == "ibv_devices"]
+        assert sorted(probes) == HOSTS, run

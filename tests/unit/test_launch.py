@@ -152,7 +152,7 @@ def test_one_rank_on_the_launcher_runs_without_a_launcher():
     assert launch.backend_for(one, None) == "mpi"
     alone = layout(node1={"slots": 1}).first_nodes(1)
     assert (launch.backend_for(alone, None), launch.backend_for(alone, "ring")) == ("direct", "ring")
-    with pytest.raises(UserError, match="--backend must be mpi or ring, not 'nccl'"):
+    with pytest.raises(UserError, match="--backend must be auto, mpi, ring, jaccl, jaccl-ring, not 'nccl'"):
         launch.backend_for(alone, "nccl")
 
 

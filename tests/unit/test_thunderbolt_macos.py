@@ -3,7 +3,12 @@ thunderbolt_macos.py) makes of the three queries' output, in the format macOS pr
 
 from __future__ import annotations
 
-from filter_plugins.thunderbolt_macos import hardware_ports, services, thunderbolt_macos_links
+from filter_plugins.thunderbolt_macos import (
+    hardware_ports,
+    services,
+    thunderbolt_macos_links,
+    thunderbolt_rdma_devices,
+)
 from mlxcluster import topology
 
 HARDWARE = """
@@ -106,3 +111,13 @@ def test_a_port_that_is_not_a_thunderbolt_port_is_named_with_what_the_mac_has():
     assert found["missing"] == ["en0"]
     assert found["thunderbolt_ports"] == ["en2 (Thunderbolt 1)", "en3 (Thunderbolt 2)"]
     assert found["ports"] == []
+
+
+def test_the_rdma_devices_are_read_from_ibv_devices_as_mlx_reads_them():
+    # As MLX's jaccl README shows it, on a Mac with RDMA enabled.
+    listed = ("    device          \t   node GUID\n    ------          \t----------------\n"
+              "    rdma_en2        \t8096a9d9edbaac05\n    rdma_en3        \t8196a9d9edbaac05\n"
+              "    rdma_en5        \t8396a9d9edbaac05\n")
+    assert thunderbolt_rdma_devices(listed) == ["rdma_en2", "rdma_en3", "rdma_en5"]
+    assert thunderbolt_rdma_devices("    device          \t   node GUID\n    ------\n") == []
+    assert thunderbolt_rdma_devices("") == [] and thunderbolt_rdma_devices(None) == []

@@ -353,6 +353,32 @@ def ifconfig(argv: list[str], state: State) -> int:
     return 0
 
 
+# --- RDMA over Thunderbolt 5 (macOS 26.2 or later) -------------------------------------
+
+def rdma_ctl(argv: list[str], state: State) -> int:
+    """`rdma_ctl status` answers; `enable` and `disable` work in Recovery only, as on a Mac (a
+    test stands in for Recovery with MLX_CONTRACT_RECOVERY=1)."""
+    if argv == ["status"]:
+        out("enabled" if state.get("rdma") else "disabled")
+        return 0
+    if argv in (["enable"], ["disable"]):
+        if os.environ.get("MLX_CONTRACT_RECOVERY") != "1":
+            raise ToolExit(1, "rdma_ctl: this operation is only permitted in the Recovery OS")
+        state["rdma"] = argv == ["enable"]
+        return 0
+    raise ToolExit(1, "usage: rdma_ctl [enable|disable|status]")
+
+
+def ibv_devices(argv: list[str], state: State) -> int:
+    """The RDMA devices, one per Thunderbolt port once RDMA is enabled (none before)."""
+    out("    device          \t   node GUID\n    ------          \t----------------")
+    if state.get("rdma"):
+        for i, port in enumerate(state["network"]["hardware_ports"]):
+            if port["port"].startswith("Thunderbolt ") and port["device"].startswith("en"):
+                out(f"    rdma_{port['device']:<12}\t{0x8096a9d9edbaac05 + (i << 56) & (2**64 - 1):016x}")
+    return 0
+
+
 # --- pmset ------------------------------------------------------------------------------
 
 PMSET_FLAGS = {"-a": ("Battery Power", "AC Power", "UPS Power"), "-b": ("Battery Power",),
@@ -468,7 +494,8 @@ def dscl(argv: list[str], state: State) -> int:
 
 TOOLS: dict[str, Callable[[list[str], State], int]] = {
     "brew": brew, "networksetup": networksetup, "pmset": pmset, "sysctl": sysctl,
-    "plutil": plutil, "dscl": dscl, "ifconfig": ifconfig,
+    "plutil": plutil, "dscl": dscl, "ifconfig": ifconfig, "ibv_devices": ibv_devices,
+    "rdma_ctl": rdma_ctl,
 }
 
 

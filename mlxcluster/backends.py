@@ -1,0 +1,68 @@
+"""Which backend a cluster trains with, and why: `choose`, the meaning of `--backend auto`.
+
+Like MLX's own configurator (mlx.distributed_config), best first: JACCL (RDMA over Thunderbolt 5)
+when a cable joins every two nodes and every node has an RDMA device on each of its cabled
+ports; jaccl-ring when the cables make a ring instead; MLX's ring backend (TCP) on a ring without
+RDMA; MPI on the Thunderbolt Bridge, where one network joins every node and the inventory lists
+no cables, so neither RDMA ports nor a ring are known. What the nodes have is what provisioning
+recorded (`rdma_devices`: `ibv_devices` on a Mac in links mode; none on Linux, whose Thunderbolt
+networking has no RDMA).
+
+A backend asked for by name (--backend, or cluster_backend in the inventory) is taken as it is;
+the inventory check has refused the ones the cabling cannot carry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from mlxcluster.topology import Cable, is_full_mesh, ring_order
+
+RDMA_HOWTO = ("enable RDMA once per Mac: in macOS Recovery, Terminal, `rdma_ctl enable`, then "
+              "restart (macOS 26.2 or later, Thunderbolt 5)")
+
+
+@dataclass(frozen=True)
+class Choice:
+    backend: str
+    why: str
+
+    def as_record(self) -> dict[str, str]:
+        return {"name": self.backend, "why": self.why}
+
+
+def rdma_missing(training: Sequence[str], links: Sequence[Cable],
+                 rdma: Mapping[str, Sequence[str] | None]) -> list[str]:
+    """The cabled ports of the nodes that train without their RDMA device, as "node2:en3"."""
+    missing = []
+    for cable in links:
+        for end in cable.ends:
+            if end.host in training and f"rdma_{end.interface}" not in (rdma.get(end.host) or ()):
+                missing.append(str(end))
+    return missing
+
+
+def choose(mode: str, training: Sequence[str], links: Sequence[Cable],
+           rdma: Mapping[str, Sequence[str] | None], asked: str | None = "auto") -> Choice:
+    """The backend `--backend auto` (or `asked`) means for this cluster, and why."""
+    if asked and asked != "auto":
+        return Choice(asked, "asked for")
+    if mode != "links":
+        return Choice("mpi", "the Thunderbolt Bridge joins every node in one network, which MPI "
+                             "uses; per-cable networks (thunderbolt_topology: links) allow ring and JACCL")
+    used = [cable for cable in links if all(end.host in training for end in cable.ends)]
+    if len(training) < 2:
+        return Choice("ring", "one node trains: no cable is used")
+    missing = rdma_missing(training, used, rdma)
+    mesh = is_full_mesh(training, used)
+    ring = ring_order(training, used) is not None
+    if not missing and mesh:
+        return Choice("jaccl", "a cable joins every two nodes and every cabled port has RDMA")
+    if not missing and ring:
+        return Choice("jaccl-ring", "the cables make a ring (not a full mesh) and every cabled "
+                                    "port has RDMA")
+    if ring:
+        shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+        return Choice("ring", f"the cables make a ring; no RDMA on {shown} for JACCL ({RDMA_HOWTO})")
+    raise ValueError(f"the cables make no ring through the nodes that train ({', '.join(training)})")
