@@ -18,7 +18,7 @@ from invoke.exceptions import Exit
 from invoke.tasks import Task
 from invoke.tasks import task as invoke_task
 
-from mlxcluster import ansible, devtools, everywhere, inputs, lab, local, paths, runs
+from mlxcluster import ansible, cabling, devtools, everywhere, inputs, lab, local, paths, runs
 from mlxcluster import doctor as checkup
 from mlxcluster import train as training
 from mlxcluster.bench import links as bench_links_module
@@ -77,6 +77,14 @@ def hostfile(c, inventory=None, output=None):
     out = Path(output) if output else paths.build_dir_for(inv)
     local.run(ansible.render_hostfiles(inv, out))
     print(f"wrote {out / 'hostfile'} and {out / 'hosts.json'}")
+
+
+@task(help={"inventory": INVENTORY_HELP,
+            "output": "Where to draw the cabling (default: build/<inventory>/topology.png)"})
+def topology(c, inventory=None, output=None):
+    """Read the Thunderbolt cabling from every Mac: print the thunderbolt_links block to paste
+    into the inventory, and draw it."""
+    cabling.run(_inventory(c, inventory), output)
 
 
 @task(help={"inventory": INVENTORY_HELP,
@@ -295,7 +303,7 @@ def bench_scaling(c, inventory=None, nodes=None, iters=30, batch_size=None, data
                              threads=_int(threads), extra=extra, output=output)
 
 
-ns = Collection(provision, hostfile, doctor, train, run, generate, lint, test,
+ns = Collection(provision, hostfile, topology, doctor, train, run, generate, lint, test,
                 Collection("lab", lab_up, lab_down, lab_status),
                 Collection("bench", bench_provision, bench_train, bench_links, bench_scaling),
                 Collection("data", data_prepare), Collection("model", model_fetch))

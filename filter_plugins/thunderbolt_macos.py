@@ -20,20 +20,15 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from mlxcluster.cabling import hardware_ports as port_devices
+
 _ORDER_ENTRY = re.compile(r"^\((?:\d+|\*)\)\s+(?P<name>.+)\n\(Hardware Port: (?P<port>[^,]*), "
                           r"Device: (?P<device>[^)]*)\)", re.MULTILINE)
 
 
 def hardware_ports(text: str) -> dict[str, str]:
     """-listallhardwareports: device -> hardware port name ("en2" -> "Thunderbolt 1")."""
-    found, port = {}, None
-    for line in text.splitlines():
-        if line.startswith("Hardware Port:"):
-            port = line.split(":", 1)[1].strip()
-        elif line.startswith("Device:") and port is not None:
-            found[line.split(":", 1)[1].strip()] = port
-            port = None
-    return found
+    return {device: port for port, device in port_devices(text).items()}
 
 
 def services(order_text: str, list_text: str) -> list[dict[str, Any]]:

@@ -2,8 +2,9 @@
 """Recording stand-ins for the macOS tools the roles' Darwin branches call.
 
 One script, installed on a lab node under each tool's name (symlinks): ``brew``,
-``networksetup``, ``pmset``, ``sysctl`` (``iogpu.*`` keys only), ``plutil``, ``dscl``
-and ``ifconfig`` (macOS's ``-l`` and ``ifconfig <interface>``).
+``networksetup``, ``pmset``, ``sysctl`` (``iogpu.*`` keys only), ``plutil``, ``dscl``,
+``ifconfig`` (macOS's ``-l`` and ``ifconfig <interface>``), ``system_profiler``
+(``SPThunderboltDataType -json``), and RDMA's ``ibv_devices`` and ``rdma_ctl``.
 Each invocation is appended as one JSON line to the call log, with the argv, the
 user it ran as and the exit status; queries are answered from a small JSON state
 file, and changes update it. The state starts as a fresh Apple Silicon Mac:
@@ -35,6 +36,7 @@ import shutil
 import subprocess
 import sys
 import traceback
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -353,6 +355,44 @@ def ifconfig(argv: list[str], state: State) -> int:
     return 0
 
 
+# --- system_profiler (SPThunderboltDataType) -------------------------------------------
+
+def _domain(end: str) -> str:
+    """A Thunderbolt port's domain UUID, the same whichever node asks: from its cable end's name."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"mlx-contract:{end}")).upper()
+
+
+def system_profiler(argv: list[str], state: State) -> int:
+    """The Thunderbolt ports and what each is plugged into, as the lab cabled them: prepare.yml
+    writes the lab's cables and the node's name to cabling.json (a Mac's controller knows its
+    cables; a lab node learns them from the lab)."""
+    if argv != ["SPThunderboltDataType", "-json"]:
+        raise ToolExit(1, f"system_profiler {' '.join(argv)}: the stand-in answers "
+                          "SPThunderboltDataType -json only")
+    cabling = json.loads((ROOT / "cabling.json").read_text())
+    peer_of = {}
+    for a, b in cabling["links"]:
+        peer_of[a], peer_of[b] = b, a
+    buses = []
+    for port in state["network"]["hardware_ports"]:
+        if not (port["port"].startswith("Thunderbolt ") and port["device"].startswith("en")):
+            continue
+        tag = port["port"].split()[-1]
+        end = f"{cabling['self']}:{port['device']}"
+        bus = {"_name": f"thunderboltusb4_bus_{int(tag) - 1}", "device_name_key": "Mac Studio",
+               "domain_uuid_key": _domain(end), "vendor_name_key": "Apple Inc.",
+               "receptacle_1_tag": {"receptacle_id_key": tag, "current_speed_key": "Up to 80 Gb/s",
+                                    "receptacle_status_key": "receptacle_connected" if end in peer_of
+                                    else "receptacle_no_devices_connected"}}
+        if end in peer_of:
+            bus["_items"] = [{"_name": "Mac Studio", "device_name_key": "Mac Studio",
+                              "domain_uuid_key": _domain(peer_of[end]), "vendor_name_key": "Apple Inc.",
+                              "mode_key": "thunderbolt_five"}]
+        buses.append(bus)
+    out(json.dumps({"SPThunderboltDataType": buses}, indent=2))
+    return 0
+
+
 # --- RDMA over Thunderbolt 5 (macOS 26.2 or later) -------------------------------------
 
 def rdma_ctl(argv: list[str], state: State) -> int:
@@ -495,7 +535,7 @@ def dscl(argv: list[str], state: State) -> int:
 TOOLS: dict[str, Callable[[list[str], State], int]] = {
     "brew": brew, "networksetup": networksetup, "pmset": pmset, "sysctl": sysctl,
     "plutil": plutil, "dscl": dscl, "ifconfig": ifconfig, "ibv_devices": ibv_devices,
-    "rdma_ctl": rdma_ctl,
+    "rdma_ctl": rdma_ctl, "system_profiler": system_profiler,
 }
 
 
