@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxcluster import launch, remote
+from mlxcluster.backends import RDMA_HOWTO
 from mlxcluster.cluster import Cluster, Node, hostfile_entries
 from mlxcluster.errors import UserError
 
@@ -48,7 +49,8 @@ def probe_command(cluster: Cluster, node: Node) -> list[str]:
     """ssh (or local bash) that runs probe.py on `node`, fed on stdin, with the node's env.sh."""
     args = {"cluster_root": node.cluster_root or "", "venv": node.venv or "",
             "interfaces": [p.interface or "" for p in cluster.ports_of(node)],
-            "peers": [cluster.address_towards(node, n) for n in cluster.nodes if n.name != node.name]}
+            "peers": [cluster.address_towards(node, n) for n in cluster.nodes if n.name != node.name],
+            "macos_links": node.os_family == "Darwin" and bool(cluster.cables)}
     env = shlex.quote(node.env_file or "/nonexistent")
     line = f"if [ -f {env} ]; then . {env}; fi; python3 - {shlex.quote(json.dumps(args))}"
     return remote.ssh_command(node, line, connect_timeout=5)
@@ -92,9 +94,10 @@ def gather(cluster: Cluster) -> dict[str, Any]:
 
 def run_jobs(cluster: Cluster) -> dict[str, tuple[int, str]]:
     """The cluster-wide jobs: hostname on every slot and an MLX all_sum over every rank, with
-    mpirun; in links mode the all_sum alone, with the ring backend that training uses there."""
+    mpirun; in links mode the all_sum alone, with the backend training uses there (ring or JACCL)."""
     if cluster.cables:
-        return {"all_sum": mpi_job(cluster, ["python", "-c", ALL_SUM], backend="ring")}
+        return {"all_sum": mpi_job(cluster, ["python", "-c", ALL_SUM],
+                                   backend=launch.backend_for(cluster, None))}
     jobs = {"hostname": mpi_job(cluster, ["hostname"])}
     if cluster.world_size > 1:
         jobs["all_sum"] = mpi_job(cluster, ["python", "-c", ALL_SUM])
@@ -111,7 +114,8 @@ def diagnose(cluster: Cluster, rendered_hostfile: str, model_bytes: int | None, 
         return checks
     red = sum(not c.ok for c in checks)
     if red:
-        return [*checks, Check("cluster", "MPI jobs (mpirun hostname, MLX all_sum)", False,
+        jobs = "MLX all_sum" if cluster.cables else "MPI jobs (mpirun hostname, MLX all_sum)"
+        return [*checks, Check("cluster", jobs, False,
                                f"not run: {red} check(s) above failed", "fix those first")]
     gathered["jobs"] = run_jobs(cluster)
     return evaluate(cluster, rendered_hostfile, gathered, model_bytes)
@@ -245,6 +249,41 @@ def _interfaces(cluster: Cluster, nodes: Sequence[Node], facts: Facts) -> list[C
     return checks
 
 
+def _macs(cluster: Cluster, nodes: Sequence[Node], facts: Facts) -> list[Check]:
+    """Macs in links mode: one macOS version on all, the Thunderbolt Bridge service off, and
+    RDMA on every cabled port when the backend is JACCL."""
+    macs = [n for n in nodes if "macos" in facts[n.name]]
+    if not macs:
+        return []
+    checks = _agreement("macOS", {n.name: facts[n.name]["macos"]["version"] for n in macs},
+                        "update every Mac to the same macOS (Software Update): MLX's distributed "
+                        "backends and RDMA need the same on all")
+    try:
+        backend = cluster.backend_choice().backend
+    except ValueError:
+        backend = "ring"
+    for node in macs:
+        mac = facts[node.name]["macos"]
+        off = mac["bridge_service"] == "Disabled"
+        checks.append(Check(node.name, "Thunderbolt Bridge service", off,
+                            "off" if off else f"{mac['bridge_service']}: its ports are bridged "
+                            "(a loop on a ring)", "" if off else
+                            f"{REPROVISION} (the thunderbolt role turns it off in links mode)"))
+        missing = [f"rdma_{p.interface}" for p in cluster.ports_of(node)
+                   if f"rdma_{p.interface}" not in mac["rdma_devices"]]
+        if not backend.startswith("jaccl"):
+            checks.append(Check(node.name, "RDMA", True, f"not used by the {backend} backend "
+                                f"(rdma_ctl status: {mac['rdma']})"))
+            continue
+        ok = mac["rdma"] == "enabled" and not missing
+        detail = (f"enabled: {', '.join(mac['rdma_devices'])}" if ok else
+                  f"rdma_ctl status: {mac['rdma']}" + (f"; no {', '.join(missing)} in ibv_devices"
+                                                       if missing else ""))
+        checks.append(Check(node.name, "RDMA", ok, detail, "" if ok else
+                            f"{RDMA_HOWTO}; or train with --backend ring"))
+    return checks
+
+
 def _room(nodes: Sequence[Node], facts: Facts, model_bytes: int | None) -> list[Check]:
     """Free memory and disk against the model's size."""
     checks: list[Check] = []
@@ -297,6 +336,7 @@ def evaluate(cluster: Cluster, rendered_hostfile: str, gathered: Mapping[str, An
     nodes = [n for n in cluster.nodes if n.name in reachable]
     return [*checks, *_pairs(cluster, nodes, facts), *_software(cluster, nodes, facts),
             *_hostfiles(nodes, facts, rendered_hostfile), *_interfaces(cluster, nodes, facts),
+            *_macs(cluster, nodes, facts),
             *_room(nodes, facts, model_bytes), *_jobs(cluster, facts, gathered.get("jobs", {}))]
 
 

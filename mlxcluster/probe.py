@@ -5,7 +5,7 @@ so it uses the standard library only and never fails: every fact it cannot get i
 an error string instead. It prints one JSON object.
 
 Arguments (JSON, argv[1]): {"cluster_root", "venv", "interfaces": [its ports on the cluster link],
-"peers": [the peers' addresses on the cluster link]}.
+"peers": [the peers' addresses on the cluster link], "macos_links": a Mac in links mode}.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from typing import Any
 TIMEOUT = 10
 
 
-def _run(cmd: list[str], timeout: float = TIMEOUT) -> tuple[int, str]:
+def _run(cmd: list[str], timeout: float = TIMEOUT, env: dict[str, str] | None = None) -> tuple[int, str]:
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return 127, str(exc)
     return proc.returncode, (proc.stdout + proc.stderr).strip()
@@ -103,6 +103,20 @@ def ssh_to(ip: str) -> dict[str, Any]:
     return {"ok": code == 0, "error": None if code == 0 else out.splitlines()[-1:] or [f"exit {code}"]}
 
 
+def macos_links() -> dict[str, Any]:
+    """A Mac in links mode: its macOS version, RDMA (rdma_ctl status, ibv_devices' devices) and
+    whether the Thunderbolt Bridge service is on (its ports would be bridged)."""
+    # macOS's own tools, wherever this shell's PATH leaves out the system folders.
+    env = {**os.environ, "PATH": os.environ.get("PATH", "") + ":/usr/bin:/bin:/usr/sbin:/sbin"}
+    _, version = _run(["sw_vers", "-productVersion"], env=env)
+    code, status = _run(["rdma_ctl", "status"], env=env)
+    _, devices = _run(["ibv_devices"], env=env)
+    _, bridge = _run(["networksetup", "-getnetworkserviceenabled", "Thunderbolt Bridge"], env=env)
+    return {"version": version or None, "rdma": status.lower() if code == 0 else f"unknown ({status})",
+            "rdma_devices": sorted({w for w in devices.split() if w.startswith("rdma_")}),
+            "bridge_service": bridge}
+
+
 def read(path: str) -> str | None:
     try:
         with open(path) as handle:
@@ -126,6 +140,7 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
             "memory": memory_bytes(),
             "disk_free": disk_free(root),
             "ssh": ssh,
+            **({"macos": macos_links()} if args.get("macos_links") else {}),
         }
 
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from mlxcluster import topology
+from mlxcluster import doctor, topology
+from mlxcluster.cluster import Cluster
 from tests.contract.stand_in_macs import (
     HERE,
     LAB_ID,
@@ -166,3 +167,32 @@ def test_the_record_keeps_each_macs_rdma_devices_and_auto_picks_jaccl_once_every
     for run in ("links-check", "links-first", "links-second"):
         probes = [c.host for c in links.calls if c.run == run and c.tool == "ibv_devices"]
         assert sorted(probes) == HOSTS, run
+
+
+# Last in this module: it changes the stand-in Macs (a bridge turned back on, RDMA off, a macOS
+# update on one Mac) to see doctor name each.
+def test_doctor_checks_each_macs_version_bridge_service_and_rdma_with_the_fix(links, stand_in_macs):
+    cluster = Cluster.from_json(links.records["links-second"])  # JACCL: RDMA on every port
+    assert cluster.backend_choice().backend == "jaccl"
+
+    def mac_checks() -> dict[tuple[str, str], doctor.Check]:
+        found = doctor.evaluate(cluster, "", doctor.gather(cluster))
+        return {(c.scope, c.name): c for c in found
+                if c.name in ("macOS", "Thunderbolt Bridge service", "RDMA")}
+
+    healthy = mac_checks()
+    assert len(healthy) == 3 * NODES and all(c.ok for c in healthy.values()), healthy
+    assert healthy["node1", "RDMA"].detail == "enabled: rdma_en2, rdma_en3, rdma_en4, rdma_en5"
+    lab = stand_in_macs.lab
+    node_shell(lab, 2, shlex.join([NETWORKSETUP, "-setnetworkserviceenabled", "Thunderbolt Bridge", "on"]))
+    node_shell(lab, 3, ENABLE_RDMA.replace("enable", "disable"))
+    # One Mac updated: the stand-in's state says so.
+    node_shell(lab, 1, "python3 -c \"import json; p = '/opt/mlx-contract/state.json'; "
+                       "s = json.load(open(p)); s['macos_version'] = '26.3'; json.dump(s, open(p, 'w'))\"")
+    broken = {key: check for key, check in mac_checks().items() if not check.ok}
+    assert set(broken) == {("node1", "macOS"), ("node2", "Thunderbolt Bridge service"), ("node3", "RDMA")}
+    assert broken["node1", "macOS"].detail == "26.3, but node2 26.2, node3 26.2"
+    assert "the thunderbolt role turns it off" in broken["node2", "Thunderbolt Bridge service"].fix
+    assert broken["node3", "RDMA"].detail == ("rdma_ctl status: disabled; no rdma_en2, rdma_en3 in "
+                                             "ibv_devices")
+    assert "in macOS Recovery, Terminal, `rdma_ctl enable`" in broken["node3", "RDMA"].fix

@@ -155,3 +155,18 @@ def test_a_node_with_no_venv_recorded_is_told_to_provision():
         (c.scope, c.name, c.detail) for c in red]
     # Python, mlx and mlx-lm are missing there too: every red check says to provision.
     assert {c.scope for c in red} == {"node2"} and all("invoke provision" in c.fix for c in red)
+
+
+def test_macs_on_a_ring_without_rdma_show_it_unused_and_the_bridge_service_must_be_off():
+    from tests.unit.test_backends import RING4, cabled
+
+    ring = cabled(RING4, {})
+    facts = {n.name: {"macos": {"version": "26.2", "rdma": "disabled", "rdma_devices": [],
+                                "bridge_service": "Disabled" if n.name != "mac2" else "Enabled"}}
+             for n in ring.nodes}
+    checks = {(c.scope, c.name): c for c in doctor._macs(ring, ring.nodes, facts)}
+    assert checks["mac1", "RDMA"] == Check("mac1", "RDMA", True,
+                                           "not used by the ring backend (rdma_ctl status: disabled)")
+    assert [key for key, c in checks.items() if not c.ok] == [("mac2", "Thunderbolt Bridge service")]
+    # Linux nodes and Macs on the bridge are not probed for any of it.
+    assert doctor._macs(ring, ring.nodes, {n.name: {} for n in ring.nodes}) == []

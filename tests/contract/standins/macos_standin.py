@@ -4,7 +4,7 @@
 One script, installed on a lab node under each tool's name (symlinks): ``brew``,
 ``networksetup``, ``pmset``, ``sysctl`` (``iogpu.*`` keys only), ``plutil``, ``dscl``,
 ``ifconfig`` (macOS's ``-l`` and ``ifconfig <interface>``), ``system_profiler``
-(``SPThunderboltDataType -json``), and RDMA's ``ibv_devices`` and ``rdma_ctl``.
+(``SPThunderboltDataType -json``), ``sw_vers``, and RDMA's ``ibv_devices`` and ``rdma_ctl``.
 Each invocation is appended as one JSON line to the call log, with the argv, the
 user it ran as and the exit status; queries are answered from a small JSON state
 file, and changes update it. The state starts as a fresh Apple Silicon Mac:
@@ -393,6 +393,18 @@ def system_profiler(argv: list[str], state: State) -> int:
     return 0
 
 
+def sw_vers(argv: list[str], state: State) -> int:
+    """macOS 26.2 unless the state says otherwise (a test updates one Mac)."""
+    version = state.get("macos_version", "26.2")
+    if argv == ["-productVersion"]:
+        out(version)
+    elif not argv:
+        out(f"ProductName:\t\tmacOS\nProductVersion:\t\t{version}\nBuildVersion:\t\t25C56")
+    else:
+        raise ToolExit(1, f"sw_vers {' '.join(argv)}: the stand-in answers -productVersion only")
+    return 0
+
+
 # --- RDMA over Thunderbolt 5 (macOS 26.2 or later) -------------------------------------
 
 def rdma_ctl(argv: list[str], state: State) -> int:
@@ -535,7 +547,7 @@ def dscl(argv: list[str], state: State) -> int:
 TOOLS: dict[str, Callable[[list[str], State], int]] = {
     "brew": brew, "networksetup": networksetup, "pmset": pmset, "sysctl": sysctl,
     "plutil": plutil, "dscl": dscl, "ifconfig": ifconfig, "ibv_devices": ibv_devices,
-    "rdma_ctl": rdma_ctl, "system_profiler": system_profiler,
+    "rdma_ctl": rdma_ctl, "system_profiler": system_profiler, "sw_vers": sw_vers,
 }
 
 
