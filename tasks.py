@@ -268,11 +268,12 @@ def bench_train(c, id=8, iters=30, rounds=2, batch_size=4, blas_iters=3, quality
 
 @task(name="links", help={
     "inventory": INVENTORY_HELP,
-    "backends": "Comma-separated: mpi (mpirun + hostfile), ring (mlx.launch); default mpi,ring",
+    "backends": "Comma-separated: mpi, ring, jaccl, jaccl-ring; default mpi,ring on a bridge, "
+                "the training backend on per-cable networks",
     "max_size": "Largest all-reduce, e.g. 4MB (default 256MB); caps the pair message (64MB) too",
     "output": "JSON file to write, the PNG goes next to it (default runs/bench/links-<time>.json)",
     "timeout": "Seconds each backend's run may take (default 900)"})
-def bench_links(c, inventory=None, backends="mpi,ring", max_size="256MB", output=None,
+def bench_links(c, inventory=None, backends=None, max_size="256MB", output=None,
                 timeout=900):
     """Latency and bandwidth of every node pair, and all-reduce bandwidth, over the cluster link.
 

@@ -49,8 +49,8 @@ def choose(mode: str, training: Sequence[str], links: Sequence[Cable],
     if asked and asked != "auto":
         return Choice(asked, "asked for")
     if mode != "links":
-        return Choice("mpi", "the Thunderbolt Bridge joins every node in one network, which MPI "
-                             "uses; per-cable networks (thunderbolt_topology: links) allow ring and JACCL")
+        return Choice("mpi", "one network joins every node (thunderbolt_topology: bridge), which "
+                             "MPI uses; per-cable networks (links) allow ring and JACCL")
     used = [cable for cable in links if all(end.host in training for end in cable.ends)]
     if len(training) < 2:
         return Choice("ring", "one node trains: no cable is used")
@@ -63,6 +63,17 @@ def choose(mode: str, training: Sequence[str], links: Sequence[Cable],
         return Choice("jaccl-ring", "the cables make a ring (not a full mesh) and every cabled "
                                     "port has RDMA")
     if ring:
-        shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
-        return Choice("ring", f"the cables make a ring; no RDMA on {shown} for JACCL ({RDMA_HOWTO})")
+        return Choice("ring", f"the cables make a ring; {_no_jaccl(training, missing, rdma)}")
     raise ValueError(f"the cables make no ring through the nodes that train ({', '.join(training)})")
+
+
+def _no_jaccl(training: Sequence[str], missing: Sequence[str],
+              rdma: Mapping[str, Sequence[str] | None]) -> str:
+    """Why not JACCL: nodes whose RDMA nobody read (Linux has none over Thunderbolt; a Mac is
+    read when provisioned in links mode), or the cabled ports without their device."""
+    unknown = [host for host in training if rdma.get(host) is None]
+    if unknown:
+        return (f"RDMA is not known on {', '.join(unknown)} (JACCL needs Macs with Thunderbolt 5, "
+                "provisioned in links mode; Linux has no RDMA over Thunderbolt)")
+    shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+    return f"no RDMA on {shown} for JACCL ({RDMA_HOWTO})"

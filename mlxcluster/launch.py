@@ -152,27 +152,35 @@ def mpirun_command(cluster: Cluster, job: Job, env: Mapping[str, str]) -> list[s
     return [*cmd, *_venv_python(cluster, job.program)]
 
 
+def _reach(cluster: Cluster, node: Node) -> str:
+    """Where mlx.launch on the launcher reaches `node` by ssh: over the cluster link (in links
+    mode a cable between them), else at its management address."""
+    head = cluster.head
+    if node.name == head.name or not cluster.cables:
+        return node.thunderbolt_ip
+    if any({e["host"] for e in c["ends"]} == {head.name, node.name} for c in cluster.cables):
+        return cluster.address_towards(head, node)
+    return str(node.connection.get("host") or node.name)
+
+
 def ring_hosts(cluster: Cluster, envs: Sequence[str] = ()) -> dict[str, object]:
-    """mlx.launch's hosts file for this layout: one entry per rank, the launcher first."""
+    """mlx.launch's ring hosts file for this layout: one entry per rank, the launcher first. In
+    links mode MLX's own (mlxcluster/topology.py): each rank's address on the cable to its left
+    neighbour, the ranks in ring order as recorded."""
+    training = cluster.training_nodes
+    if cluster.cables and len(training) > 1:
+        return mlx_hostfile("ring", [n.name for n in training], cluster.links(),
+                            {n.name: _reach(cluster, n) for n in training}, envs=envs)
     return {"backend": "ring", "envs": list(envs),
             "hosts": [{"ssh": n.thunderbolt_ip, "ips": [n.thunderbolt_ip]}
-                      for n in cluster.training_nodes for _ in range(n.slots)]}
+                      for n in training for _ in range(n.slots)]}
 
 
 def jaccl_hosts(cluster: Cluster, backend: str, envs: Sequence[str] = ()) -> dict[str, object]:
     """mlx.launch's hosts file for JACCL (jaccl or jaccl-ring), in MLX's own format: per rank the
     RDMA device towards each peer, and rank 0's management address, where the ranks meet."""
-    head = cluster.head
     training = cluster.training_nodes
-
-    def reach(node: Node) -> str:  # over a cable to the launcher, else the management network
-        if node.name == head.name:
-            return head.thunderbolt_ip
-        if any({e["host"] for e in c["ends"]} == {head.name, node.name} for c in cluster.cables):
-            return cluster.address_towards(head, node)
-        return str(node.connection.get("host") or node.name)
-
-    ssh = {n.name: reach(n) for n in training}
+    ssh = {n.name: _reach(cluster, n) for n in training}
     meet = {n.name: n.management_ip or str(n.connection.get("host") or n.name) for n in training}
     return mlx_hostfile(backend, [n.name for n in training], cluster.links(), ssh, meet, envs)
 

@@ -66,16 +66,19 @@ def bus_bandwidth(nbytes: int, seconds: float, world_size: int) -> float:
 def pairs_to_measure(world_size: int, backend: str) -> list[tuple[int, int]]:
     """Ordered (src, dst) rank pairs: all of them, or under ring only ring neighbours."""
     pairs = [(i, j) for i in range(world_size) for j in range(world_size) if i != j]
-    if backend == "ring":
-        # MLX 0.32's ring backend refuses send/recv to a rank that is not a direct neighbour.
+    if backend in ("ring", "jaccl-ring"):
+        # MLX 0.32's ring backends refuse send/recv to a rank that is not a direct neighbour.
         pairs = [(i, j) for i, j in pairs if (j - i) % world_size in (1, world_size - 1)]
     return pairs
 
 
 def detect_backend(environ: Mapping[str, str]) -> str:
-    """The backend of the launcher that started this process (mpirun or mlx.launch ring)."""
+    """The backend of the launcher that started this process (mpirun, or mlx.launch with ring or
+    JACCL, whose ranks get a coordinator and, in a ring, MLX_JACCL_RING)."""
     if "OMPI_COMM_WORLD_SIZE" in environ:
         return "mpi"
+    if "MLX_JACCL_COORDINATOR" in environ:
+        return "jaccl-ring" if "MLX_JACCL_RING" in environ else "jaccl"
     if "MLX_RANK" in environ:
         return "ring"
     raise BenchError("not started by mpirun or mlx.launch: run it through invoke bench.links")
@@ -83,7 +86,8 @@ def detect_backend(environ: Mapping[str, str]) -> str:
 
 def init_group(backend: str, expected: int | None) -> mx.distributed.Group:
     # strict: a node whose MLX cannot load MPI must fail, not benchmark alone as a group of one.
-    group = mx.distributed.init(strict=True, backend=backend)
+    # jaccl-ring is MLX's jaccl backend told to prefer a ring (MLX_JACCL_RING).
+    group = mx.distributed.init(strict=True, backend="jaccl" if backend == "jaccl-ring" else backend)
     if expected is not None and group.size() != expected:
         raise BenchError(f"MLX joined {group.size()} ranks but {expected} were launched (one per "
                          "node): is libmpi loadable on every node? (invoke doctor checks it)")
@@ -187,8 +191,8 @@ def run(group: mx.distributed.Group, backend: str, args: argparse.Namespace) -> 
     if args.pairs:
         pairs = pairs_to_measure(size, backend)
         if skipped := size * (size - 1) - len(pairs):
-            result["pairs_note"] = (f"{skipped} pairs not measured: the ring backend only sends "
-                                    "between ring neighbours")
+            result["pairs_note"] = (f"{skipped} pairs not measured: the {backend} backend only "
+                                    "sends between ring neighbours")
         # [src, dst] -> (latency us, GB/s), filled on src: one sum at the end brings all to rank 0.
         figures = [[[0.0, 0.0] for _ in range(size)] for _ in range(size)]
         for src, dst in pairs:

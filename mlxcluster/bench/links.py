@@ -28,7 +28,7 @@ from mlxcluster.errors import Interrupted, UserError
 
 # What training/link_bench.py prefixes its JSON line with (a unit test keeps the two equal).
 MARKER = "LINK_BENCH_JSON "
-BACKENDS = ("mpi", "ring")
+BACKENDS = ("mpi", "ring", "jaccl", "jaccl-ring")
 # A pair is slow when its bandwidth is below this fraction of the median pair's (same backend),
 # and asymmetric when one direction is this much slower than the other.
 SLOW_FRACTION = 0.5
@@ -58,12 +58,18 @@ def parse_size(text: str | int) -> int:
     return value
 
 
-def parse_backends(text: str) -> list[str]:
+def parse_backends(text: str | None, cluster: Cluster) -> list[str]:
+    """The backends to measure: those named, else on a bridge MPI and ring, and over per-cable
+    networks the one training uses there (`--backend auto`: ring or JACCL)."""
+    if not text:
+        return [launch.backend_for(cluster, None)] if cluster.cables else ["mpi", "ring"]
     chosen = [b.strip() for b in text.split(",") if b.strip()]
     unknown = [b for b in chosen if b not in BACKENDS]
     if unknown or not chosen:
         raise LinkBenchError(f"--backends {text!r}: choose from {', '.join(BACKENDS)} "
                              "(comma-separated, e.g. mpi,ring)")
+    for backend in chosen:
+        launch.choice_for(cluster, backend)  # refused on this cluster: say why before measuring
     return list(dict.fromkeys(chosen))
 
 
@@ -143,13 +149,14 @@ def measure(rec: Recorded, layout: Cluster, backend: str, *, max_bytes: int, tag
     return doc
 
 
-def run(rec: Recorded, *, backends: str = "mpi,ring", max_size: str | int = "256MB",
+def run(rec: Recorded, *, backends: str | None = None, max_size: str | int = "256MB",
         output: str | None = None, timeout: float = 900) -> Path:
     """invoke bench.links: measure with each backend, then the tables, the JSON and the PNG."""
     from rich.console import Console
 
-    chosen, max_bytes = parse_backends(backends), parse_size(max_size)
+    max_bytes = parse_size(max_size)
     layout = one_rank_per_node(rec.cluster)
+    chosen = parse_backends(backends, layout)
     sync.run_steps(sync.push_code(layout))
     when = results.stamp()
     docs = {backend: measure(rec, layout, backend, max_bytes=max_bytes, tag=f"links-{when}",
@@ -196,11 +203,28 @@ def assemble(layout: Cluster, docs: Mapping[str, Mapping[str, Any]], *, inventor
         if doc["world_size"] != len(names):
             raise LinkBenchError(f"the {backend} run joined {doc['world_size']} ranks, not one per "
                                  f"node ({len(names)}): run invoke doctor")
-    flags = [{"backend": backend, **flag} for backend, doc in docs.items()
-             for flag in flag_pairs(doc["pairs"], names)]
+    cables = cables_between(layout)
+    flags = [{"backend": backend, **flag, **({"cable": cables[flag["src"], flag["dst"]]}
+                                             if (flag["src"], flag["dst"]) in cables else {})}
+             for backend, doc in docs.items() for flag in flag_pairs(doc["pairs"], names)]
     return {"benchmark": "links", "date": date, "inventory": inventory, "nodes": names,
             "max_bytes": max_bytes, "slow_fraction": SLOW_FRACTION, "asymmetry": ASYMMETRY,
-            "backends": dict(docs), "flags": flags}
+            "backends": dict(docs), "flags": flags,
+            "cables": [{"src": src, "dst": dst, "cable": label}
+                       for (src, dst), label in sorted(cables.items())]}
+
+
+def cables_between(layout: Cluster) -> dict[tuple[int, int], str]:
+    """Per-cable networks: the cable joining each ordered pair of ranks ("node1:en2 <-> node2:en2";
+    with several between two nodes, the first: the one the ring backend uses)."""
+    rank = {n.name: i for i, n in enumerate(layout.training_nodes)}
+    joined: dict[tuple[int, int], str] = {}
+    for cable in layout.links():
+        a, b = (end.host for end in cable.ends)
+        if a in rank and b in rank:
+            joined.setdefault((rank[a], rank[b]), str(cable))
+            joined.setdefault((rank[b], rank[a]), str(cable))
+    return joined
 
 
 @dataclass(frozen=True)
@@ -210,6 +234,7 @@ class PairRow:
     # backend -> (latency in us, bandwidth in GB/s); absent: not measured on that backend
     figures: Mapping[str, tuple[float, float]]
     flags: tuple[str, ...]
+    cable: str | None = None  # per-cable networks: the cable between them
 
 
 def pair_rows(result: Mapping[str, Any]) -> list[PairRow]:
@@ -220,11 +245,12 @@ def pair_rows(result: Mapping[str, Any]) -> list[PairRow]:
         for p in doc["pairs"]:
             measured.setdefault((p["src"], p["dst"]), {})[backend] = (
                 p["latency_us"], p["bandwidth_gb_per_s"])
+    cables = {(c["src"], c["dst"]): c["cable"] for c in result.get("cables", [])}
     rows = []
     for (src, dst), figures in sorted(measured.items()):
         flags = tuple(f"{f['kind']} ({f['backend']})" for f in result["flags"]
                       if (f["src"], f["dst"]) == (src, dst))
-        rows.append(PairRow(names[src], names[dst], figures, flags))
+        rows.append(PairRow(names[src], names[dst], figures, flags, cables.get((src, dst))))
     return rows
 
 
@@ -249,6 +275,9 @@ def render(result: Mapping[str, Any], console: Any) -> None:
                         f"bandwidth in GB/s ({format_bytes(_pair_bytes(result))} messages)",
                   title_justify="left")
     pairs.add_column("from -> to", no_wrap=True)
+    with_cables = bool(result.get("cables"))
+    if with_cables:
+        pairs.add_column("cable", no_wrap=True)
     for backend in backends:
         pairs.add_column(f"{backend} us", justify="right")
         pairs.add_column(f"{backend} GB/s", justify="right")
@@ -260,7 +289,7 @@ def render(result: Mapping[str, Any], console: Any) -> None:
             cells += ["-" if latency is None else f"{latency:.1f}",
                       "-" if bandwidth is None else f"{bandwidth:.3f}"]
         flag = "[bold red]" + ", ".join(row.flags) + "[/]" if row.flags else "[green]ok[/]"
-        pairs.add_row(f"{row.src} -> {row.dst}", *cells, flag)
+        pairs.add_row(f"{row.src} -> {row.dst}", *([row.cable or "-"] if with_cables else []), *cells, flag)
     console.print(pairs)
     for backend, doc in result["backends"].items():
         if note := doc.get("pairs_note"):
@@ -287,7 +316,8 @@ def render(result: Mapping[str, Any], console: Any) -> None:
                       f"than {ASYMMETRY:.0%}. Check the cable, the ports and both ends' interface "
                       "(invoke doctor); a node busy with something else looks slow too: re-run.")
         for f in result["flags"]:
-            console.print(f"  {f['from']} -> {f['to']} {f['kind']} on {f['backend']}: {f['detail']}")
+            over = f" (cable {f['cable']})" if f.get("cable") else ""
+            console.print(f"  {f['from']} -> {f['to']}{over} {f['kind']} on {f['backend']}: {f['detail']}")
     else:
         console.print("[green]no slow or asymmetric link[/]")
 

@@ -4,7 +4,7 @@ The session's lab hosts (test_site.py and test_train.py ran on their bridge befo
 comes after them) get veth cables straight between their namespaces, named like a Mac's
 Thunderbolt ports (mlxcluster/lab_cables.py), and the inventory lab.up writes for them. Then
 site.yml configures every cable, training runs over them with the ring backend, and a pulled
-cable is named by doctor and by the run it stops.
+cable is named by doctor and by the run it stops. `invoke bench.links` measures across every cable.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from tests.cluster.test_train import INVOKE, REPO, finetune_pids, finished_run
 pytestmark = pytest.mark.cluster
 
 RING = [["node1:en2", "node2:en2"], ["node2:en3", "node3:en2"], ["node3:en3", "node1:en3"]]
+POOL = f"10.78.{TEST_LAB_ID}"  # the lab's link pool (lab.up writes 10.78.<lab>.0/24)
 TINY_RUN = "--steps-per-report 1 --val-batches 1 --num-layers 1 --max-seq-length 256"
 
 
@@ -61,23 +62,24 @@ def test_links_mode_converges_cable_by_cable_and_a_second_run_changes_nothing(ca
     assert second.returncode == 0 and all(s["changed"] == 0 for s in second.stats.values()), second.changed
     record = json.loads((paths.build_dir_for(cabled.inventory) / "cluster.json").read_text())
     assert [[f"{e['host']}:{e['interface']}" for e in c["ends"]] for c in record["cables"]] == RING
-    assert [c["network"] for c in record["cables"]] == ["10.78.5.0/30", "10.78.5.4/30", "10.78.5.8/30"]
+    assert [c["network"] for c in record["cables"]] == [f"{POOL}.0/30", f"{POOL}.4/30", f"{POOL}.8/30"]
     # Each end has its /30 and a networkd file that restores it at boot; the bridge's is gone.
     out = cabled.ssh(2, "ip -br -4 addr show en2; ip -br -4 addr show en3; "
                         "ls /etc/systemd/network/").stdout
-    assert "10.78.5.2/30" in out and "10.78.5.5/30" in out
+    assert f"{POOL}.2/30" in out and f"{POOL}.5/30" in out
     assert "50-mlx-thunderbolt-en2.network" in out and "50-mlx-thunderbolt.network" not in out
     # Across each cable, its far end answers (node3 to node1 over their own cable).
-    assert cabled.ssh(3, "ping -c 1 -W 2 10.78.5.10").returncode == 0
+    assert cabled.ssh(3, f"ping -c 1 -W 2 {POOL}.10").returncode == 0
     hosts = json.loads((paths.build_dir_for(cabled.inventory) / "hosts.json").read_text())
-    assert [h["ips"] for h in hosts["hosts"]] == [["10.78.5.10"], ["10.78.5.2"], ["10.78.5.6"]]
+    assert [h["ips"] for h in hosts["hosts"]] == [[f"{POOL}.10"], [f"{POOL}.2"], [f"{POOL}.6"]]
 
 
 def test_ring_training_runs_over_every_cable(cabled, tiny_inputs):
     model_dir, data_dir = tiny_inputs
     before = cable_bytes(cabled)
+    # --backend auto (the default): a ring of cables, no RDMA on Linux: ring, and it says why.
     proc = subprocess.run(
-        [INVOKE, "train", "-i", str(cabled.inventory), "--backend", "ring", "--model", str(model_dir),
+        [INVOKE, "train", "-i", str(cabled.inventory), "--model", str(model_dir),
          "--data", str(data_dir), "--iters", "6", "--batch-size", "3", "--extra",
          TINY_RUN + " --steps-per-eval 6"],
         cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
@@ -85,6 +87,10 @@ def test_ring_training_runs_over_every_cable(cabled, tiny_inputs):
     try:
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["world_size"] == 3 and summary["max_weight_difference_across_ranks"] == 0.0
+        why = "the cables make a ring; RDMA is not known on node1, node2, node3"
+        assert f"==> backend ring: {why}" in proc.stdout
+        info = json.loads((run_dir / "run.json").read_text())
+        assert info["backend"] == "ring" and info["backend_why"].startswith(why)
         after = cable_bytes(cabled)
         # Per cable, both directions: the ring may send a small gradient one way round only.
         moved = {" <-> ".join(link): sum(after[p] - before[p] for p in link) for link in RING}
@@ -93,6 +99,24 @@ def test_ring_training_runs_over_every_cable(cabled, tiny_inputs):
         assert not quiet, f"cables that carried no training traffic: {quiet} ({moved})"
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def test_bench_links_measures_across_every_cable_and_names_it(cabled, tmp_path):
+    out = tmp_path / "links.json"
+    proc = subprocess.run([INVOKE, "bench.links", "-i", str(cabled.inventory), "--max-size", "1MB",
+                           "--output", str(out)],
+                          cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    # The backend training uses over per-cable networks; MPI is not tried there.
+    assert list(result["backends"]) == ["ring"]
+    labels = {" <-> ".join(link) for link in RING}
+    assert {c["cable"] for c in result["cables"]} == labels
+    pairs = result["backends"]["ring"]["pairs"]
+    assert len(pairs) == 6 and all(p["bandwidth_gb_per_s"] > 0 and p["latency_us"] > 0 for p in pairs)
+    for label in labels:
+        assert label in proc.stdout, proc.stdout[-3000:]
+    assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_a_pulled_cable_is_named_by_doctor_and_by_the_run_it_stops(cabled, tiny_inputs):

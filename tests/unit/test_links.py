@@ -73,9 +73,20 @@ def test_a_bad_size_says_what_to_give(text):
 
 
 def test_backends_are_checked_and_deduplicated():
-    assert links.parse_backends("mpi, ring,mpi") == ["mpi", "ring"]
-    with pytest.raises(links.LinkBenchError, match="choose from mpi, ring"):
-        links.parse_backends("mpi,nccl")
+    assert links.parse_backends("mpi, ring,mpi", cluster()) == ["mpi", "ring"]
+    assert links.parse_backends(None, cluster()) == ["mpi", "ring"]
+    with pytest.raises(links.LinkBenchError, match="choose from mpi, ring, jaccl, jaccl-ring"):
+        links.parse_backends("mpi,nccl", cluster())
+
+
+def test_over_per_cable_networks_the_training_backend_is_measured_and_mpi_refused():
+    from mlxcluster.errors import UserError
+    from tests.unit.test_backends import MESH3, cabled
+
+    mesh = cabled(MESH3, {})
+    assert links.parse_backends(None, mesh) == ["ring"]
+    with pytest.raises(UserError, match="MPI does not run over per-cable networks"):
+        links.parse_backends("mpi", mesh)
 
 
 def test_each_node_gets_one_rank_whatever_its_slots():
@@ -208,7 +219,33 @@ def test_sizes_grow_by_four_and_ring_pairs_are_ring_neighbours():
     assert link_bench.pairs_to_measure(4, "ring") == [(0, 1), (0, 3), (1, 0), (1, 2), (2, 1),
                                                       (2, 3), (3, 0), (3, 2)]
     assert len(link_bench.pairs_to_measure(4, "mpi")) == 12
+    assert link_bench.pairs_to_measure(4, "jaccl-ring") == link_bench.pairs_to_measure(4, "ring")
+    assert len(link_bench.pairs_to_measure(4, "jaccl")) == 12  # a mesh: every pair has a cable
     assert link_bench.bus_bandwidth(3000, 1.0, 3) == 4000
+
+
+def test_the_backend_is_told_by_what_the_launcher_set():
+    assert link_bench.detect_backend({"OMPI_COMM_WORLD_SIZE": "2"}) == "mpi"
+    assert link_bench.detect_backend({"MLX_RANK": "0"}) == "ring"
+    jaccl = {"MLX_RANK": "0", "MLX_JACCL_COORDINATOR": "10.0.0.1:5000"}
+    assert link_bench.detect_backend(jaccl) == "jaccl"
+    assert link_bench.detect_backend({**jaccl, "MLX_JACCL_RING": "1"}) == "jaccl-ring"
+
+
+def test_over_per_cable_networks_each_pair_is_shown_with_its_cable():
+    from tests.unit.test_backends import RING4, cabled
+
+    layout = cabled(RING4, {})
+    names = [n.name for n in layout.training_nodes]
+    pairs = [pair(i, j, 1.0) for i in range(4) for j in range(4) if (j - i) % 4 in (1, 3)]
+    result = links.assemble(layout, {"ring": doc("ring", pairs, n=4)}, inventory="x", date="d",
+                            max_bytes=4096)
+    rows = {(r.src, r.dst): r.cable for r in links.pair_rows(result)}
+    assert rows[names[0], names[1]] == rows[names[1], names[0]] == "mac1:en2 <-> mac2:en2"
+    assert len(set(rows.values())) == 4 and None not in rows.values()
+    out = io.StringIO()
+    links.render(result, Console(file=out, width=200))
+    assert "mac4:en3 <-> mac1:en3" in out.getvalue()
 
 
 def test_two_ranks_on_one_host_are_refused():

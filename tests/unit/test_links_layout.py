@@ -116,3 +116,14 @@ def test_links_mode_trains_with_ring_by_default_and_refuses_mpi():
         launch.backend_for(cluster, "mpi")
     bridge = Cluster.from_json({"launcher": "node1", "nodes": nodes})
     assert launch.backend_for(bridge, None) == "mpi"
+
+
+def test_a_launch_writes_the_same_ring_hosts_file_provisioning_renders():
+    from mlxcluster import launch
+
+    hosts = topology.rank_order(HOSTS, "node1", view())
+    nodes = [{"name": h, "thunderbolt_ip": topology.contact_address(h, HOSTS, "node1", view()), "slots": 1,
+              "connection": {"host": view()[h]["ansible_host"]}} for h in hosts]
+    cluster = Cluster.from_json({"launcher": "node1", "nodes": nodes,
+                                 "cables": cables_of({"cluster": HOSTS, "launcher": ["node1"]}, view())})
+    assert launch.ring_hosts(cluster, ["A=1"]) == topology.links_hostfile(HOSTS, "node1", view(), ["A=1"])

@@ -2,9 +2,10 @@
 """Recording stand-ins for the macOS tools the roles' Darwin branches call.
 
 One script, installed on a lab node under each tool's name (symlinks): ``brew``,
-``networksetup``, ``pmset``, ``sysctl`` (``iogpu.*`` keys only), ``plutil``, ``dscl``,
-``ifconfig`` (macOS's ``-l`` and ``ifconfig <interface>``), ``system_profiler``
-(``SPThunderboltDataType -json``), ``sw_vers``, and RDMA's ``ibv_devices`` and ``rdma_ctl``.
+``networksetup``, ``pmset``, ``sysctl`` (``iogpu.*`` keys only), ``plutil``, ``dscl``, and from
+macos_hardware.py beside it ``ifconfig`` (macOS's ``-l`` and ``ifconfig <interface>``),
+``system_profiler`` (``SPThunderboltDataType -json``), ``sw_vers``, and RDMA's ``ibv_devices``
+and ``rdma_ctl``.
 Each invocation is appended as one JSON line to the call log, with the argv, the
 user it ran as and the exit status; queries are answered from a small JSON state
 file, and changes update it. The state starts as a fresh Apple Silicon Mac:
@@ -36,10 +37,11 @@ import shutil
 import subprocess
 import sys
 import traceback
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import macos_hardware  # beside this file (sys.path[0] is the real file's folder)
 
 ROOT = Path(os.environ.get("MLX_CONTRACT_ROOT", "/opt/mlx-contract"))
 STATE = ROOT / "state.json"
@@ -74,43 +76,13 @@ FORMULAE: dict[str, dict[str, Any]] = {
 }
 
 
-def fresh_state() -> State:
-    services = [
-        {"name": "Ethernet", "port": "Ethernet", "device": "en0", "enabled": True},
-        {"name": "Wi-Fi", "port": "Wi-Fi", "device": "en1", "enabled": True},
-        {"name": "Thunderbolt Bridge", "port": "Thunderbolt Bridge", "device": "bridge0",
-         "enabled": True},
-    ]
-    for service in services:
-        service["config"] = {"mode": "DHCP"}
-    # Every hardware port, with a service or not: an Apple Silicon Mac's Thunderbolt ports are
-    # members of the bridge and have no service of their own until one is created.
-    ports = [{"port": s["port"], "device": s["device"]} for s in services]
-    ports += [{"port": f"Thunderbolt {n}", "device": f"en{n + 1}"} for n in range(1, 5)]
-    power = {"standby": "1", "Sleep On Power Button": "1", "hibernatefile": "/var/vm/sleepimage",
-             "powernap": "1", "networkoversleep": "0", "disksleep": "10", "sleep": "1",
-             "hibernatemode": "3", "ttyskeepawake": "1", "displaysleep": "10",
-             "tcpkeepalive": "1", "lowpowermode": "0", "womp": "1"}
-    return {
-        "brew": {"installed": {}},
-        "network": {"services": services, "hardware_ports": ports,
-                    "mtu": {port["device"]: 1500 for port in ports}},
-        # A MacBook Pro on its charger: two power sources, so `-a` matters.
-        "pmset": {"system": {}, "in_use": "AC Power",
-                  "sources": {"Battery Power": {**power, "displaysleep": "2"},
-                              "AC Power": dict(power)}},
-        "sysctl": {"iogpu.wired_limit_mb": 0, "iogpu.wired_lwm_mb": 0,
-                   "iogpu.dynamic_lwm": 1},
-    }
-
-
 @contextlib.contextmanager
 def locked_state() -> Iterator[State]:
     """The state, locked against concurrent calls; saved when the block succeeds."""
     with LOCK.open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         saved = json.loads(STATE.read_text()) if STATE.exists() else None
-        state = json.loads(json.dumps(saved)) if saved is not None else fresh_state()
+        state = json.loads(json.dumps(saved)) if saved is not None else macos_hardware.fresh_state()
         yield state
         if state == saved:
             return
@@ -248,6 +220,34 @@ def _prefix(mask: str) -> int:
     return sum(bin(int(octet)).count("1") for octet in mask.split("."))
 
 
+def _services(command: str, args: list[str], state: State) -> bool:
+    """Services themselves: whether one is enabled, and making, enabling or removing one (False:
+    not such a command)."""
+    net = state["network"]
+    if command == "-getnetworkserviceenabled" and len(args) == 1:
+        out("Enabled" if _service(state, args[0])["enabled"] else "Disabled")
+    elif command == "-setnetworkserviceenabled" and len(args) == 2:
+        service = _service(state, args[0])
+        service["enabled"] = args[1].lower() == "on"
+        if not service["enabled"]:  # a disabled service's address is gone from its device
+            _apply_to_link(service["device"], ["-4", "addr", "flush", "dev", service["device"]])
+    elif command == "-createnetworkservice" and len(args) == 2:
+        if any(service["name"] == args[0] for service in net["services"]):
+            raise ToolExit(4, f"{args[0]} already exists.\n** Error: The parameters were not valid.")
+        port = next((p for p in net["hardware_ports"] if p["port"] == args[1]), None)
+        if port is None:
+            raise ToolExit(4, f"{args[1]} is not a valid hardware port.\n"
+                              "** Error: The parameters were not valid.")
+        net["services"].append({**port, "name": args[0], "enabled": True, "config": {"mode": "DHCP"}})
+    elif command == "-removenetworkservice" and len(args) == 1:
+        service = _service(state, args[0])
+        net["services"].remove(service)
+        _apply_to_link(service["device"], ["-4", "addr", "flush", "dev", service["device"]])
+    else:
+        return False
+    return True
+
+
 def networksetup(argv: list[str], state: State) -> int:
     if not argv:
         raise ToolExit(1, "Usage: networksetup -<command> <args>")
@@ -303,131 +303,9 @@ def networksetup(argv: list[str], state: State) -> int:
         device = _device(state, args[0])
         net["mtu"][device] = int(args[1])
         _apply_to_link(device, ["link", "set", device, "mtu", args[1]])
-    elif command == "-getnetworkserviceenabled" and len(args) == 1:
-        out("Enabled" if _service(state, args[0])["enabled"] else "Disabled")
-    elif command == "-setnetworkserviceenabled" and len(args) == 2:
-        service = _service(state, args[0])
-        service["enabled"] = args[1].lower() == "on"
-        if not service["enabled"]:  # a disabled service's address is gone from its device
-            _apply_to_link(service["device"], ["-4", "addr", "flush", "dev", service["device"]])
-    elif command == "-createnetworkservice" and len(args) == 2:
-        if any(service["name"] == args[0] for service in net["services"]):
-            raise ToolExit(4, f"{args[0]} already exists.\n** Error: The parameters were not valid.")
-        port = next((p for p in net["hardware_ports"] if p["port"] == args[1]), None)
-        if port is None:
-            raise ToolExit(4, f"{args[1]} is not a valid hardware port.\n"
-                              "** Error: The parameters were not valid.")
-        net["services"].append({**port, "name": args[0], "enabled": True, "config": {"mode": "DHCP"}})
-    elif command == "-removenetworkservice" and len(args) == 1:
-        service = _service(state, args[0])
-        net["services"].remove(service)
-        _apply_to_link(service["device"], ["-4", "addr", "flush", "dev", service["device"]])
-    else:
+    elif not _services(command, args, state):
         raise ToolExit(4, f"{' '.join(argv)}: not handled by the stand-in.\n"
                           "** Error: The parameters were not valid.")
-    return 0
-
-
-# --- ifconfig (macOS flavour, reading only) ---------------------------------------------
-
-# What `ifconfig -l` lists on an Apple Silicon Mac besides its hardware ports' devices.
-OTHER_INTERFACES = ("lo0", "gif0", "stf0", "anpi0", "anpi1", "ap1", "awdl0", "llw0", "utun0")
-
-
-def ifconfig(argv: list[str], state: State) -> int:
-    net = state["network"]
-    devices = [p["device"] for p in net["hardware_ports"]]
-    if argv == ["-l"]:
-        out(" ".join([*OTHER_INTERFACES[:5], *devices, *OTHER_INTERFACES[5:]]))
-        return 0
-    if len(argv) != 1 or argv[0] not in devices:
-        raise ToolExit(1, f"ifconfig {' '.join(argv)}: the stand-in answers -l and "
-                          "`ifconfig <interface>` only")
-    device = argv[0]
-    service = next((s for s in net["services"] if s["device"] == device and s["enabled"]), None)
-    out(f"{device}: flags=8863<UP,BROADCAST,SMART,RUNNING,SIMPLEX,MULTICAST> "
-        f"mtu {net['mtu'][device]}\n\tether 36:a2:04:00:00:0{devices.index(device)}")
-    config = service["config"] if service else {"mode": "none"}
-    if config["mode"] == "Manual":
-        mask = "".join(f"{int(octet):02x}" for octet in config["mask"].split("."))
-        out(f"\tinet {config['ip']} netmask 0x{mask}")
-    out("\tstatus: active")
-    return 0
-
-
-# --- system_profiler (SPThunderboltDataType) -------------------------------------------
-
-def _domain(end: str) -> str:
-    """A Thunderbolt port's domain UUID, the same whichever node asks: from its cable end's name."""
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"mlx-contract:{end}")).upper()
-
-
-def system_profiler(argv: list[str], state: State) -> int:
-    """The Thunderbolt ports and what each is plugged into, as the lab cabled them: prepare.yml
-    writes the lab's cables and the node's name to cabling.json (a Mac's controller knows its
-    cables; a lab node learns them from the lab)."""
-    if argv != ["SPThunderboltDataType", "-json"]:
-        raise ToolExit(1, f"system_profiler {' '.join(argv)}: the stand-in answers "
-                          "SPThunderboltDataType -json only")
-    cabling = json.loads((ROOT / "cabling.json").read_text())
-    peer_of = {}
-    for a, b in cabling["links"]:
-        peer_of[a], peer_of[b] = b, a
-    buses = []
-    for port in state["network"]["hardware_ports"]:
-        if not (port["port"].startswith("Thunderbolt ") and port["device"].startswith("en")):
-            continue
-        tag = port["port"].split()[-1]
-        end = f"{cabling['self']}:{port['device']}"
-        bus = {"_name": f"thunderboltusb4_bus_{int(tag) - 1}", "device_name_key": "Mac Studio",
-               "domain_uuid_key": _domain(end), "vendor_name_key": "Apple Inc.",
-               "receptacle_1_tag": {"receptacle_id_key": tag, "current_speed_key": "Up to 80 Gb/s",
-                                    "receptacle_status_key": "receptacle_connected" if end in peer_of
-                                    else "receptacle_no_devices_connected"}}
-        if end in peer_of:
-            bus["_items"] = [{"_name": "Mac Studio", "device_name_key": "Mac Studio",
-                              "domain_uuid_key": _domain(peer_of[end]), "vendor_name_key": "Apple Inc.",
-                              "mode_key": "thunderbolt_five"}]
-        buses.append(bus)
-    out(json.dumps({"SPThunderboltDataType": buses}, indent=2))
-    return 0
-
-
-def sw_vers(argv: list[str], state: State) -> int:
-    """macOS 26.2 unless the state says otherwise (a test updates one Mac)."""
-    version = state.get("macos_version", "26.2")
-    if argv == ["-productVersion"]:
-        out(version)
-    elif not argv:
-        out(f"ProductName:\t\tmacOS\nProductVersion:\t\t{version}\nBuildVersion:\t\t25C56")
-    else:
-        raise ToolExit(1, f"sw_vers {' '.join(argv)}: the stand-in answers -productVersion only")
-    return 0
-
-
-# --- RDMA over Thunderbolt 5 (macOS 26.2 or later) -------------------------------------
-
-def rdma_ctl(argv: list[str], state: State) -> int:
-    """`rdma_ctl status` answers; `enable` and `disable` work in Recovery only, as on a Mac (a
-    test stands in for Recovery with MLX_CONTRACT_RECOVERY=1)."""
-    if argv == ["status"]:
-        out("enabled" if state.get("rdma") else "disabled")
-        return 0
-    if argv in (["enable"], ["disable"]):
-        if os.environ.get("MLX_CONTRACT_RECOVERY") != "1":
-            raise ToolExit(1, "rdma_ctl: this operation is only permitted in the Recovery OS")
-        state["rdma"] = argv == ["enable"]
-        return 0
-    raise ToolExit(1, "usage: rdma_ctl [enable|disable|status]")
-
-
-def ibv_devices(argv: list[str], state: State) -> int:
-    """The RDMA devices, one per Thunderbolt port once RDMA is enabled (none before)."""
-    out("    device          \t   node GUID\n    ------          \t----------------")
-    if state.get("rdma"):
-        for i, port in enumerate(state["network"]["hardware_ports"]):
-            if port["port"].startswith("Thunderbolt ") and port["device"].startswith("en"):
-                out(f"    rdma_{port['device']:<12}\t{0x8096a9d9edbaac05 + (i << 56) & (2**64 - 1):016x}")
     return 0
 
 
@@ -544,10 +422,23 @@ def dscl(argv: list[str], state: State) -> int:
     return 0
 
 
+def _reader(function: Callable[[list[str], State, Path], str]) -> Callable[[list[str], State], int]:
+    """A tool of macos_hardware.py, which returns what it prints."""
+    def tool(argv: list[str], state: State) -> int:
+        try:
+            text = function(argv, state, ROOT)
+        except macos_hardware.Refused as exc:
+            raise ToolExit(exc.status, str(exc)) from None
+        if text:
+            out(text)
+        return 0
+    return tool
+
+
 TOOLS: dict[str, Callable[[list[str], State], int]] = {
     "brew": brew, "networksetup": networksetup, "pmset": pmset, "sysctl": sysctl,
-    "plutil": plutil, "dscl": dscl, "ifconfig": ifconfig, "ibv_devices": ibv_devices,
-    "rdma_ctl": rdma_ctl, "system_profiler": system_profiler, "sw_vers": sw_vers,
+    "plutil": plutil, "dscl": dscl,
+    **{name: _reader(function) for name, function in macos_hardware.READERS.items()},
 }
 
 
