@@ -1,5 +1,5 @@
-"""Ansible filters of the thunderbolt role on Linux: a port's stale addresses, the host routes to
-add or remove (links mode), and the files that keep every port's address across reboots."""
+"""Ansible filters of the thunderbolt role on Linux: a port's stale addresses and the files that
+keep every port's address across reboots."""
 
 from __future__ import annotations
 
@@ -52,36 +52,9 @@ def thunderbolt_ping_targets(ports: Sequence[Mapping[str, Any]], host: str,
             for port in ports for peer, address in port["peers"].items() if peer in in_play]
 
 
-def _routes(ports: Sequence[Mapping[str, Any]]) -> set[tuple[str, str, str]]:
-    return {(r["to"], r["via"], port["interface"]) for port in ports for r in port.get("routes", [])}
-
-
-def _host_routes(now: Sequence[Mapping[str, Any]]) -> set[tuple[str, str, str]]:
-    """`ip -j -4 route show`'s routes to one address through a gateway, as (to, via, dev)."""
-    return {(r["dst"], r["gateway"], r["dev"]) for r in now
-            if "gateway" in r and "/" not in r.get("dst", "/") and r.get("dst") != "default"}
-
-
-def thunderbolt_missing_routes(ports: Sequence[Mapping[str, Any]],
-                               now: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
-    """The ports' host routes (links mode) the node does not have yet."""
-    return [{"to": to, "via": via, "interface": dev}
-            for to, via, dev in sorted(_routes(ports) - _host_routes(now))]
-
-
-def thunderbolt_stale_routes(ports: Sequence[Mapping[str, Any]],
-                             now: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
-    """Host routes through a gateway on one of the ports that no cable wants (a cable gone)."""
-    mine = {port["interface"] for port in ports if port.get("cable")}
-    return [{"to": to, "via": via, "interface": dev}
-            for to, via, dev in sorted(_host_routes(now) - _routes(ports)) if dev in mine]
-
-
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {"thunderbolt_stale_addresses": thunderbolt_stale_addresses,
                 "thunderbolt_persist_files": thunderbolt_persist_files,
                 "thunderbolt_connection_name": connection_name,
-                "thunderbolt_ping_targets": thunderbolt_ping_targets,
-                "thunderbolt_missing_routes": thunderbolt_missing_routes,
-                "thunderbolt_stale_routes": thunderbolt_stale_routes}
+                "thunderbolt_ping_targets": thunderbolt_ping_targets}

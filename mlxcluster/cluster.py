@@ -100,8 +100,12 @@ class Cluster:
 
     def links(self) -> list[Cable]:
         """The cables as topology's Cables (links mode; none on a bridge)."""
-        return [Cable(i, tuple(Port(end["host"], end["interface"]) for end in c["ends"]),  # type: ignore[arg-type]
-                      ipaddress.ip_network(c["network"])) for i, c in enumerate(self.cables)]
+        found = []
+        for i, cable in enumerate(self.cables):
+            a, b = cable["ends"]
+            found.append(Cable(i, (Port(a["host"], a["interface"]), Port(b["host"], b["interface"])),
+                               ipaddress.ip_network(cable["network"])))
+        return found
 
     def backend_choice(self, asked: str | None = None) -> Choice:
         """The backend a launch uses and why: the one asked for, else (auto) the recorded choice,

@@ -70,11 +70,6 @@ def test_links_mode_converges_cable_by_cable_and_a_second_run_changes_nothing(ca
     assert "50-mlx-thunderbolt-en2.network" in out and "50-mlx-thunderbolt.network" not in out
     # Across each cable, its far end answers (node3 to node1 over their own cable).
     assert cabled.ssh(3, f"ping -c 1 -W 2 {POOL}.10").returncode == 0
-    # node1 reaches node2 at its address on the node2-node3 cable across their own cable (the
-    # host routes MPI needs), and the networkd file keeps the route.
-    assert f"via {POOL}.2 dev en2" in cabled.ssh(1, f"ip route get {POOL}.5").stdout
-    kept = cabled.ssh(1, "cat /etc/systemd/network/50-mlx-thunderbolt-en2.network").stdout
-    assert f"Destination={POOL}.5/32\nGateway={POOL}.2" in kept
     hosts = json.loads((paths.build_dir_for(cabled.inventory) / "hosts.json").read_text())
     assert [h["ips"] for h in hosts["hosts"]] == [[f"{POOL}.10"], [f"{POOL}.2"], [f"{POOL}.6"]]
 
@@ -102,24 +97,6 @@ def test_ring_training_runs_over_every_cable(cabled, tiny_inputs):
         print(f"bytes over each cable while training: {moved}")
         quiet = [cable for cable, count in moved.items() if count < 20_000]
         assert not quiet, f"cables that carried no training traffic: {quiet} ({moved})"
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
-
-
-def test_mpi_trains_over_a_full_mesh_of_cables(cabled, tiny_inputs):
-    # A ring of three is a full mesh: Open MPI may try any of a peer's addresses, and each is
-    # routed across the cable to that peer.
-    model_dir, data_dir = tiny_inputs
-    proc = subprocess.run(
-        [INVOKE, "train", "-i", str(cabled.inventory), "--backend", "mpi", "--model", str(model_dir),
-         "--data", str(data_dir), "--iters", "4", "--batch-size", "3", "--extra",
-         TINY_RUN + " --steps-per-eval 4"],
-        cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
-    run_dir = finished_run(proc)
-    try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-        assert summary["world_size"] == 3 and summary["max_weight_difference_across_ranks"] == 0.0
-        assert json.loads((run_dir / "run.json").read_text())["backend"] == "mpi"
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 
