@@ -8,8 +8,9 @@ no cables, so neither RDMA ports nor a ring are known. What the nodes have is wh
 recorded (`rdma_devices`: `ibv_devices` on a Mac in links mode; none on Linux, whose Thunderbolt
 networking has no RDMA).
 
-A backend asked for by name (--backend, or cluster_backend in the inventory) is taken as it is;
-the inventory check has refused the ones the cabling cannot carry.
+A backend asked for by name (--backend, or cluster_backend in the inventory) is taken as it is
+(Cluster.backend_choice, record.record); the inventory check has refused the ones the cabling
+cannot carry.
 """
 
 from __future__ import annotations
@@ -44,10 +45,8 @@ def rdma_missing(training: Sequence[str], links: Sequence[Cable],
 
 
 def choose(mode: str, training: Sequence[str], links: Sequence[Cable],
-           rdma: Mapping[str, Sequence[str] | None], asked: str | None = "auto") -> Choice:
-    """The backend `--backend auto` (or `asked`) means for this cluster, and why."""
-    if asked and asked != "auto":
-        return Choice(asked, "asked for")
+           rdma: Mapping[str, Sequence[str] | None]) -> Choice:
+    """The backend `--backend auto` means for this cluster, and why."""
     if mode != "links":
         return Choice("mpi", "one network joins every node (thunderbolt_topology: bridge), which "
                              "MPI uses; per-cable networks (links) allow ring and JACCL")

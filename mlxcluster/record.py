@@ -24,6 +24,7 @@ from typing import Any
 from jinja2 import Undefined
 
 from mlxcluster import topology
+from mlxcluster.backends import Choice
 from mlxcluster.cluster import REQUIRED_PATHS, Cluster
 from mlxcluster.inventory import topology_view
 
@@ -96,11 +97,11 @@ def record(launcher: str, seen: Iterable[Seen], previous: str | None,
              "nodes": [node_record(s, before.get(s.settings["name"])) for s in seen]}
     found |= {"cables": cables} if cables else {}
     try:
-        choice = Cluster.from_json(found).backend_choice(asked)
+        choice = (Choice(asked, "cluster_backend in the inventory") if asked not in (None, "auto")
+                  else Cluster.from_json(found).backend_choice())
     except ValueError:  # no backend fits (the inventory check says why): nothing to record
         return found
-    return found | {"backend": {"name": choice.backend, "why": choice.why if asked in (None, "auto")
-                                else "cluster_backend in the inventory"}}
+    return found | {"backend": choice.as_record()}
 
 
 def cables_of(groups: Mapping[str, list[str]], view: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -8,28 +8,10 @@ import yaml
 
 from mlxcluster import cabling, topology
 from mlxcluster.errors import UserError
+from tests.unit.test_thunderbolt_macos import HARDWARE as TWO_PORTS
 
-HARDWARE = """
-Hardware Port: Ethernet
-Device: en0
-Ethernet Address: 36:a2:04:00:00:00
-
-Hardware Port: Thunderbolt Bridge
-Device: bridge0
-Ethernet Address: 36:a2:04:00:00:02
-
-Hardware Port: Thunderbolt 1
-Device: en2
-Ethernet Address: 36:a2:04:00:00:03
-
-Hardware Port: Thunderbolt 2
-Device: en3
-Ethernet Address: 36:a2:04:00:00:04
-
-Hardware Port: Thunderbolt 3
-Device: en4
-Ethernet Address: 36:a2:04:00:00:05
-"""
+# The Mac of the networksetup plan's tests, with a third Thunderbolt port.
+HARDWARE = TWO_PORTS + "\nHardware Port: Thunderbolt 3\nDevice: en4\nEthernet Address: 36:a2:04:00:00:05\n"
 
 
 def profiler(*ports: tuple[str, str, str | None]) -> dict:
