@@ -1,8 +1,10 @@
-"""Ansible filters of the thunderbolt role on Linux: a port's stale addresses and the files that
-keep every port's address across reboots."""
+"""Ansible filters of the thunderbolt role on Linux: a port's stale addresses, the pool's addresses
+off the cables and the host routes to add or remove (links mode), and the files that keep every
+port's address across reboots."""
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -52,9 +54,53 @@ def thunderbolt_ping_targets(ports: Sequence[Mapping[str, Any]], host: str,
             for port in ports for peer, address in port["peers"].items() if peer in in_play]
 
 
+def thunderbolt_stray_addresses(ports: Sequence[Mapping[str, Any]],
+                                addresses: Sequence[Mapping[str, Any]],
+                                keep: str | None = None) -> list[dict[str, Any]]:
+    """Addresses inside the link pool (links mode) on interfaces that are not this node's cable
+    ports: a bridge's from before a move to links, a port no longer cabled. The pool belongs to
+    the cables, and Open MPI, pinned to it, would offer a peer such an address that no cable
+    reaches. Loopback and `keep` (the address Ansible reaches the node at) stay."""
+    pools = {ipaddress.IPv4Network(port["pool"]) for port in ports if port.get("pool")}
+    mine = {port["interface"] for port in ports}
+    return [{"interface": link["ifname"], "local": info["local"], "prefixlen": info["prefixlen"]}
+            for link in addresses if link.get("ifname") not in mine and link.get("link_type") != "loopback"
+            for info in link.get("addr_info", [])
+            if info.get("family") == "inet" and info.get("local") != keep
+            and any(ipaddress.IPv4Address(info["local"]) in pool for pool in pools)]
+
+
+def _routes(ports: Sequence[Mapping[str, Any]]) -> set[tuple[str, str, str]]:
+    return {(r["to"], r["via"], port["interface"]) for port in ports for r in port.get("routes", [])}
+
+
+def _host_routes(now: Sequence[Mapping[str, Any]]) -> set[tuple[str, str, str]]:
+    """`ip -j -4 route show`'s routes to one address through a gateway, as (to, via, dev)."""
+    return {(r["dst"], r["gateway"], r["dev"]) for r in now
+            if "gateway" in r and "/" not in r.get("dst", "/") and r.get("dst") != "default"}
+
+
+def thunderbolt_missing_routes(ports: Sequence[Mapping[str, Any]],
+                               now: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
+    """The ports' host routes (links mode) the node does not have yet."""
+    return [{"to": to, "via": via, "interface": dev}
+            for to, via, dev in sorted(_routes(ports) - _host_routes(now))]
+
+
+def thunderbolt_stale_routes(ports: Sequence[Mapping[str, Any]],
+                             now: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
+    """Host routes through a gateway on one of the ports that no cable wants (a cable gone)."""
+    mine = {port["interface"] for port in ports if port.get("cable")}
+    return [{"to": to, "via": via, "interface": dev}
+            for to, via, dev in sorted(_host_routes(now) - _routes(ports)) if dev in mine]
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {"thunderbolt_stale_addresses": thunderbolt_stale_addresses,
                 "thunderbolt_persist_files": thunderbolt_persist_files,
                 "thunderbolt_connection_name": connection_name,
-                "thunderbolt_ping_targets": thunderbolt_ping_targets}
+                "thunderbolt_ping_targets": thunderbolt_ping_targets,
+                "thunderbolt_missing_routes": thunderbolt_missing_routes,
+                "thunderbolt_stale_routes": thunderbolt_stale_routes,
+                "thunderbolt_stray_addresses": thunderbolt_stray_addresses}

@@ -76,7 +76,19 @@ def thunderbolt_rdma_devices(ibv_devices: str) -> list[str]:
     return sorted({word for word in (ibv_devices or "").split() if word.startswith("rdma_")})
 
 
+_ROUTE = re.compile(r"(\d+\.\d+\.\d+\.\d+)\s+(\d+\.\d+\.\d+\.\d+)\s+(\d+\.\d+\.\d+\.\d+)")
+
+
+def thunderbolt_macos_routes(text: str | Sequence[Mapping[str, str]]) -> list[str]:
+    """A service's additional routes as "destination mask gateway", sorted: from what
+    `networksetup -getadditionalroutes` prints, or from a port's routes (links mode)."""
+    if isinstance(text, str):
+        return sorted(" ".join(m) for m in _ROUTE.findall(text))
+    return sorted(f"{r['to']} 255.255.255.255 {r['via']}" for r in text)
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {"thunderbolt_macos_links": thunderbolt_macos_links,
-                "thunderbolt_rdma_devices": thunderbolt_rdma_devices}
+                "thunderbolt_rdma_devices": thunderbolt_rdma_devices,
+                "thunderbolt_macos_routes": thunderbolt_macos_routes}

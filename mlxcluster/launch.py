@@ -74,12 +74,11 @@ def choice_for(cluster: Cluster, requested: str | None) -> Choice:
     except ValueError as exc:
         raise UserError(f"no backend can run on this cluster: {exc}") from None
     training = [n.name for n in cluster.training_nodes]
-    if choice.backend == "mpi" and cluster.cables:
-        # Open MPI's TCP transport offers each peer all of a node's addresses and may pick one on
-        # a cable the peer is not on (seen on a 3-node ring: "connect() to 10.78.9.5 failed").
-        raise UserError("MPI does not run over per-cable networks (thunderbolt_topology: links) yet: "
-                        "Open MPI would try peers' addresses on cables they do not share; train "
-                        "with --backend auto (ring or JACCL) or ring")
+    if choice.backend == "mpi" and cluster.cables and len(training) > 1:
+        # Open MPI's TCP transport offers a peer all of a node's addresses: on a full mesh the
+        # thunderbolt role routes each across the cable to that node; a ring has no such cable.
+        if problem := backend_problem("mpi", training, cluster.links()):
+            raise UserError(problem)
     if choice.backend.startswith("jaccl"):
         if not cluster.cables:
             raise UserError(f"--backend {choice.backend} needs per-cable networks "

@@ -201,7 +201,7 @@ def backend_problem(backend: str, hosts: Sequence[str], links: Sequence[Cable]) 
                    if b not in joined[a]]
         why = ("JACCL's mesh needs a cable between every two nodes" if backend == "jaccl" else
                "MPI needs every two nodes to reach each other, and a per-cable network does not "
-               "route through a third")
+               "route through a third (MPI runs over a full mesh of cables)")
         return (f"the {backend} backend cannot run on this cabling: {why}; no cable joins "
                 f"{', '.join(missing)} (use --backend ring, or add those cables)")
     return None
@@ -292,11 +292,7 @@ def links_errors(hosts: Sequence[str], training: Sequence[str],
     joined = neighbours(hosts, found)
     errors += [f"{host}: no cable in thunderbolt_links reaches it, but it trains (mpi_slots): cable "
                "it, or set its mpi_slots: 0" for host in training if not joined[host]]
-    if backend == "mpi":
-        # Open MPI's TCP transport tries peers' addresses on cables they do not share.
-        errors.append("cluster_backend: mpi does not run over per-cable networks yet: use ring "
-                      "(auto picks it), or thunderbolt_topology: bridge for MPI")
-    elif backend == "auto":
+    if backend == "auto":
         if len(training) > 1 and not ring_order(training, found):
             errors.append(f"the cables make no ring through the nodes that train "
                           f"({', '.join(training)}): add the missing cable")
@@ -332,10 +328,24 @@ def ports_of(host: str, hosts: Sequence[str],
                  "peers": {h: str(hostvars[h]["thunderbolt_ip"]) for h in hosts
                            if h != host and hostvars.get(h, {}).get("thunderbolt_ip") not in (None, "")}}]
     found = listed_cables(hosts, hostvars)
+    pool = str(ipaddress.IPv4Network(str(hv.get("thunderbolt_link_pool") or DEFAULT_POOL)))
     return [{"interface": cable.port_of(host).interface, "address": cable.address_of(host),
-             "prefix": cable.network.prefixlen, "cable": str(cable),
-             "peers": {cable.peer_of(host).host: cable.address_of(cable.peer_of(host).host)}}
+             "prefix": cable.network.prefixlen, "cable": str(cable), "pool": pool,
+             "peers": {cable.peer_of(host).host: cable.address_of(cable.peer_of(host).host)},
+             "routes": peer_routes(host, cable, found)}
             for cable in found if host in (end.host for end in cable.ends)]
+
+
+def peer_routes(host: str, cable: Cable, found: Sequence[Cable]) -> list[dict[str, str]]:
+    """Host routes across `cable` to its far end's addresses on its other cables, through its
+    address on this one: every neighbour is then reachable at each of its addresses, as Open
+    MPI's TCP transport expects of a peer (it offers all of them). Only the first cable between
+    two nodes carries them."""
+    peer = cable.peer_of(host).host
+    if next(c for c in found if c.joins(host, peer)) is not cable:
+        return []
+    return [{"to": other.address_of(peer), "via": cable.address_of(peer)}
+            for other in found if peer in (e.host for e in other.ends) and not other.joins(host, peer)]
 
 
 def contact_address(host: str, hosts: Sequence[str], launcher: str,

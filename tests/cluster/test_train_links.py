@@ -31,7 +31,13 @@ TINY_RUN = "--steps-per-report 1 --val-batches 1 --num-layers 1 --max-seq-length
 @pytest.fixture(scope="module")
 def cabled(lab_cluster: LabCluster):
     """The session's lab as three nodes (test_site.py adds a fourth, test_train.py stops node2
-    last), cabled in a ring and provisioned in links mode from the inventory lab.up writes."""
+    last), cabled in a ring and provisioned in links mode from the inventory lab.up writes.
+
+    The nodes come from a bridge, as in a full run (and as a user moving to links would): a
+    module run alone provisions the bridge first, so the bridge's live addresses are there."""
+    if not (paths.build_dir_for(lab_cluster.inventory) / "cluster.json").exists():
+        bridge = lab_cluster.playbook()
+        assert bridge.returncode == 0, json.dumps(bridge.failures, indent=1)
     for extra in (n for n in lab_cluster.lab.nodes() if n > 3):
         lab.stop_node(lab_cluster.lab, extra)
     inventory = lab.up(3, TEST_LAB_ID, cables="ring")
@@ -58,6 +64,9 @@ def cable_bytes(cluster: LabCluster) -> dict[str, int]:
 def test_links_mode_converges_cable_by_cable_and_a_second_run_changes_nothing(cabled):
     first = cabled.playbook()
     assert first.returncode == 0, json.dumps(first.failures, indent=1)
+    # node1 held its bridge address, in the pool, from the bridge run before (the fixture's).
+    removed = "Remove the link pool's addresses from interfaces that are not cable ports"
+    assert removed in first.changed["node1"], first.changed
     second = cabled.playbook()
     assert second.returncode == 0 and all(s["changed"] == 0 for s in second.stats.values()), second.changed
     record = json.loads((paths.build_dir_for(cabled.inventory) / "cluster.json").read_text())
@@ -68,8 +77,18 @@ def test_links_mode_converges_cable_by_cable_and_a_second_run_changes_nothing(ca
                         "ls /etc/systemd/network/").stdout
     assert f"{POOL}.2/30" in out and f"{POOL}.5/30" in out
     assert "50-mlx-thunderbolt-en2.network" in out and "50-mlx-thunderbolt.network" not in out
+    # Only the cables hold the pool's addresses: the bridge's (in the pool here) is gone.
+    for node in (1, 2, 3):
+        held = [line.split()[0].split("@")[0]  # en2@if2: a veth names its peer's index
+                for line in cabled.ssh(node, "ip -br -4 addr").stdout.splitlines() if f" {POOL}." in line]
+        assert held == ["en2", "en3"], (node, held)
     # Across each cable, its far end answers (node3 to node1 over their own cable).
     assert cabled.ssh(3, f"ping -c 1 -W 2 {POOL}.10").returncode == 0
+    # node1 reaches node2 at its address on the node2-node3 cable across their own cable (the
+    # host routes MPI needs), and the networkd file keeps the route.
+    assert f"via {POOL}.2 dev en2" in cabled.ssh(1, f"ip route get {POOL}.5").stdout
+    kept = cabled.ssh(1, "cat /etc/systemd/network/50-mlx-thunderbolt-en2.network").stdout
+    assert f"Destination={POOL}.5/32\nGateway={POOL}.2" in kept
     hosts = json.loads((paths.build_dir_for(cabled.inventory) / "hosts.json").read_text())
     assert [h["ips"] for h in hosts["hosts"]] == [[f"{POOL}.10"], [f"{POOL}.2"], [f"{POOL}.6"]]
 
@@ -97,6 +116,24 @@ def test_ring_training_runs_over_every_cable(cabled, tiny_inputs):
         print(f"bytes over each cable while training: {moved}")
         quiet = [cable for cable, count in moved.items() if count < 20_000]
         assert not quiet, f"cables that carried no training traffic: {quiet} ({moved})"
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def test_mpi_trains_over_a_full_mesh_of_cables(cabled, tiny_inputs):
+    # A ring of three is a full mesh: Open MPI may try any of a peer's addresses, and each is
+    # routed across the cable to that peer.
+    model_dir, data_dir = tiny_inputs
+    proc = subprocess.run(
+        [INVOKE, "train", "-i", str(cabled.inventory), "--backend", "mpi", "--model", str(model_dir),
+         "--data", str(data_dir), "--iters", "4", "--batch-size", "3", "--extra",
+         TINY_RUN + " --steps-per-eval 4"],
+        cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
+    run_dir = finished_run(proc)
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["world_size"] == 3 and summary["max_weight_difference_across_ranks"] == 0.0
+        assert json.loads((run_dir / "run.json").read_text())["backend"] == "mpi"
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 

@@ -67,8 +67,11 @@ def test_the_recorded_choice_is_what_auto_means_and_a_named_backend_wins():
     recorded = cabled(MESH3, {}, backend={"name": "ring", "why": "cluster_backend in the inventory"})
     assert launch.choice_for(recorded, None).why == "cluster_backend in the inventory"
     assert launch.choice_for(recorded, "auto").backend == "ring"
-    with pytest.raises(UserError, match="MPI does not run over per-cable networks"):
-        launch.choice_for(recorded, "mpi")
+    # MPI runs over a full mesh of cables (every node reaches every other across its own cable),
+    # not over a ring of four, where two pairs share no cable.
+    assert launch.choice_for(recorded, "mpi").backend == "mpi"
+    with pytest.raises(UserError, match="no cable joins mac1 <-> mac3, mac2 <-> mac4"):
+        launch.choice_for(cabled(RING4, {}), "mpi")
 
 
 def test_a_jaccl_launch_writes_mlxs_hosts_file_and_starts_mlx_launch_with_it():

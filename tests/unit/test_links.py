@@ -79,14 +79,15 @@ def test_backends_are_checked_and_deduplicated():
         links.parse_backends("mpi,nccl", cluster())
 
 
-def test_over_per_cable_networks_the_training_backend_is_measured_and_mpi_refused():
+def test_over_per_cable_networks_the_training_backend_is_measured_and_mpi_only_on_a_mesh():
     from mlxcluster.errors import UserError
-    from tests.unit.test_backends import MESH3, cabled
+    from tests.unit.test_backends import MESH3, RING4, cabled
 
     mesh = cabled(MESH3, {})
     assert links.parse_backends(None, mesh) == ["ring"]
-    with pytest.raises(UserError, match="MPI does not run over per-cable networks"):
-        links.parse_backends("mpi", mesh)
+    assert links.parse_backends("mpi,ring", mesh) == ["mpi", "ring"]  # a full mesh carries MPI
+    with pytest.raises(UserError, match="the mpi backend cannot run on this cabling"):
+        links.parse_backends("mpi", cabled(RING4, {}))
 
 
 def test_each_node_gets_one_rank_whatever_its_slots():

@@ -31,9 +31,11 @@ def test_each_node_gets_one_port_per_cable_end_with_its_far_end_to_ping():
     ports = topology.ports_of("node1", HOSTS, view())
     assert ports == [
         {"interface": "en2", "address": "10.78.5.1", "prefix": 30, "cable": "node1:en2 <-> node2:en2",
-         "peers": {"node2": "10.78.5.2"}},
+         "pool": "10.78.5.0/24", "peers": {"node2": "10.78.5.2"},
+         "routes": [{"to": "10.78.5.5", "via": "10.78.5.2"}]},
         {"interface": "en3", "address": "10.78.5.14", "prefix": 30, "cable": "node4:en3 <-> node1:en3",
-         "peers": {"node4": "10.78.5.13"}}]
+         "pool": "10.78.5.0/24", "peers": {"node4": "10.78.5.13"},
+         "routes": [{"to": "10.78.5.10", "via": "10.78.5.13"}]}]
     targets = thunderbolt_ping_targets(ports, "node1", ["node1", "node2"])  # node4 is down
     assert targets == [{"address": "10.78.5.2", "label": "node1:en2 <-> node2:en2"}]
 
@@ -103,7 +105,7 @@ def test_a_ports_address_under_another_prefix_is_stale():
         {"interface": "en2", "local": "10.78.5.1", "prefixlen": 24}]
 
 
-def test_links_mode_trains_with_ring_by_default_and_refuses_mpi():
+def test_links_mode_trains_with_ring_by_default_and_refuses_mpi_off_a_full_mesh():
     from mlxcluster import launch
     from mlxcluster.errors import UserError
 
@@ -112,8 +114,8 @@ def test_links_mode_trains_with_ring_by_default_and_refuses_mpi():
     cluster = Cluster.from_json({"launcher": "node1", "nodes": nodes,
                                  "cables": cables_of({"cluster": HOSTS, "launcher": ["node1"]}, view())})
     assert launch.backend_for(cluster, None) == "ring"
-    with pytest.raises(UserError, match="MPI does not run over per-cable networks"):
-        launch.backend_for(cluster, "mpi")
+    with pytest.raises(UserError, match="the mpi backend cannot run on this cabling"):
+        launch.backend_for(cluster, "mpi")  # a ring of four: node1 and node3 share no cable
     bridge = Cluster.from_json({"launcher": "node1", "nodes": nodes})
     assert launch.backend_for(bridge, None) == "mpi"
 
@@ -127,3 +129,53 @@ def test_a_launch_writes_the_same_ring_hosts_file_provisioning_renders():
     cluster = Cluster.from_json({"launcher": "node1", "nodes": nodes,
                                  "cables": cables_of({"cluster": HOSTS, "launcher": ["node1"]}, view())})
     assert launch.ring_hosts(cluster, ["A=1"]) == topology.links_hostfile(HOSTS, "node1", view(), ["A=1"])
+
+
+def test_routes_to_a_neighbours_other_addresses_are_added_once_and_stale_ones_removed():
+    from filter_plugins.thunderbolt import thunderbolt_missing_routes, thunderbolt_stale_routes
+
+    ports = topology.ports_of("node1", HOSTS, view())
+    # As `ip -j -4 route show` lists them: the /30s, one wanted route there already, one stale
+    # (a cable gone), and routes that are not the role's (a default route, another interface's).
+    now = [{"dst": "10.78.5.0/30", "dev": "en2", "protocol": "kernel", "scope": "link"},
+           {"dst": "10.78.5.5", "gateway": "10.78.5.2", "dev": "en2"},
+           {"dst": "10.78.5.21", "gateway": "10.78.5.13", "dev": "en3"},
+           {"dst": "default", "gateway": "10.77.5.1", "dev": "eth0"},
+           {"dst": "10.9.9.9", "gateway": "10.77.5.1", "dev": "eth0"}]
+    assert thunderbolt_missing_routes(ports, now) == [
+        {"to": "10.78.5.10", "via": "10.78.5.13", "interface": "en3"}]
+    assert thunderbolt_stale_routes(ports, now) == [
+        {"to": "10.78.5.21", "via": "10.78.5.13", "interface": "en3"}]
+    # On a bridge there are none to add, and nothing is ever removed.
+    bridge = [{"interface": "bridge0", "address": "10.0.0.1", "prefix": 24, "cable": None, "peers": {}}]
+    assert thunderbolt_missing_routes(bridge, now) == thunderbolt_stale_routes(bridge, now) == []
+
+
+def test_the_pools_addresses_off_the_cable_ports_are_strays_to_remove():
+    from filter_plugins.thunderbolt import thunderbolt_stray_addresses
+
+    ports = topology.ports_of("node1", HOSTS, view())
+    assert {p["pool"] for p in ports} == {"10.78.5.0/24"}
+    # As `ip -j addr show` lists them, after a move from bridge to links: the bridge keeps its
+    # address in the pool until a reboot. The ports' own, loopback, other networks and the
+    # address Ansible reaches the node at stay.
+    now = [{"ifname": "lo", "link_type": "loopback",
+            "addr_info": [{"family": "inet", "local": "127.0.0.1", "prefixlen": 8}]},
+           {"ifname": "eth0", "link_type": "ether",
+            "addr_info": [{"family": "inet", "local": "10.77.5.11", "prefixlen": 24},
+                          {"family": "inet6", "local": "fe80::1", "prefixlen": 64}]},
+           {"ifname": "bridge0", "link_type": "ether",
+            "addr_info": [{"family": "inet", "local": "10.78.5.11", "prefixlen": 24},
+                          {"family": "inet", "local": "10.9.9.9", "prefixlen": 24}]},
+           {"ifname": "en2", "link_type": "ether",
+            "addr_info": [{"family": "inet", "local": "10.78.5.1", "prefixlen": 30}]},
+           {"ifname": "usb0", "link_type": "ether",
+            "addr_info": [{"family": "inet", "local": "10.78.5.200", "prefixlen": 24}]}]
+    assert thunderbolt_stray_addresses(ports, now, "10.78.5.200") == [
+        {"interface": "bridge0", "local": "10.78.5.11", "prefixlen": 24}]
+    assert thunderbolt_stray_addresses(ports, now) == [
+        {"interface": "bridge0", "local": "10.78.5.11", "prefixlen": 24},
+        {"interface": "usb0", "local": "10.78.5.200", "prefixlen": 24}]
+    # On a bridge there is no pool: nothing is a stray.
+    bridge = [{"interface": "bridge0", "address": "10.0.0.1", "prefix": 24, "cable": None, "peers": {}}]
+    assert thunderbolt_stray_addresses(bridge, now) == []

@@ -121,3 +121,13 @@ def test_the_rdma_devices_are_read_from_ibv_devices_as_mlx_reads_them():
     assert thunderbolt_rdma_devices(listed) == ["rdma_en2", "rdma_en3", "rdma_en5"]
     assert thunderbolt_rdma_devices("    device          \t   node GUID\n    ------\n") == []
     assert thunderbolt_rdma_devices("") == [] and thunderbolt_rdma_devices(None) == []
+
+
+def test_a_services_additional_routes_compare_with_the_ports_whatever_their_order():
+    from filter_plugins.thunderbolt_macos import thunderbolt_macos_routes
+
+    printed = "10.0.0.9 255.255.255.255 10.0.0.2\n10.0.0.5 255.255.255.255 10.0.0.2\n"
+    wanted = [{"to": "10.0.0.5", "via": "10.0.0.2"}, {"to": "10.0.0.9", "via": "10.0.0.2"}]
+    assert thunderbolt_macos_routes(printed) == thunderbolt_macos_routes(wanted) == [
+        "10.0.0.5 255.255.255.255 10.0.0.2", "10.0.0.9 255.255.255.255 10.0.0.2"]
+    assert thunderbolt_macos_routes("There are no additional IPv4 routes on MLX Thunderbolt en2.") == []

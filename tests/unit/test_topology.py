@@ -217,8 +217,11 @@ def test_a_links_inventory_is_checked_cable_by_cable_and_against_its_backend():
     assert inventory_errors(groups, hostvars) == [
         "mac2: thunderbolt_ip is for thunderbolt_topology: bridge; with links each cable's addresses "
         "come from thunderbolt_link_pool: remove it"]
-    [problem] = inventory_errors(*links_inventory(RING3, cluster_backend="mpi"))
-    assert problem.startswith("cluster_backend: mpi does not run over per-cable networks yet")
+    # MPI over a full mesh of cables (a ring of three is one), not over a line of three.
+    assert inventory_errors(*links_inventory(RING3, cluster_backend="mpi")) == []
+    [problem] = inventory_errors(*links_inventory(RING3[:2], cluster_backend="mpi"))
+    assert problem.startswith("the mpi backend cannot run on this cabling: MPI needs every two nodes")
+    assert problem.endswith("no cable joins mac1 <-> mac3 (use --backend ring, or add those cables)")
     groups, hostvars = links_inventory(RING3)
     hostvars["mac3"]["thunderbolt_link_pool"] = "10.9.0.0/24"
     [problem] = inventory_errors(groups, hostvars)

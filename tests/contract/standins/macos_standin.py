@@ -239,6 +239,16 @@ def _services(command: str, args: list[str], state: State) -> bool:
             raise ToolExit(4, f"{args[1]} is not a valid hardware port.\n"
                               "** Error: The parameters were not valid.")
         net["services"].append({**port, "name": args[0], "enabled": True, "config": {"mode": "DHCP"}})
+    elif command == "-getadditionalroutes" and len(args) == 1:
+        routes = _service(state, args[0]).get("routes", [])
+        out("\n".join(" ".join(r) for r in routes) if routes
+            else f"There are no additional IPv4 routes on {args[0]}.")
+    elif command == "-setadditionalroutes" and len(args) >= 1 and len(args) % 3 == 1:
+        service = _service(state, args[0])
+        service["routes"] = [args[i:i + 3] for i in range(1, len(args), 3)]
+        device = service["device"]
+        _apply_to_link(device, *(["route", "replace", f"{to}/{_prefix(mask)}", "via", via, "dev", device]
+                                 for to, mask, via in service["routes"]))
     elif command == "-removenetworkservice" and len(args) == 1:
         service = _service(state, args[0])
         net["services"].remove(service)
