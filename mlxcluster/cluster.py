@@ -247,6 +247,15 @@ class Recorded:
     def hosts_json(self) -> Path:
         return self.build / "hosts.json"
 
+    @property
+    def mlx_envs(self) -> list[str]:
+        """What mlx.launch exports on every rank (hostfile_mlx_envs), as provisioning rendered it
+        into hosts.json; a hosts file written at launch (JACCL's, a benchmark's) carries them too."""
+        try:
+            return list(json.loads(self.hosts_json.read_text()).get("envs", []))
+        except (OSError, ValueError):
+            return []
+
 
 def recorded(inventory: str, *, ready: bool = True) -> Recorded:
     """The recorded layout of `inventory`; with `ready`, only if it can be launched on as it is."""

@@ -46,7 +46,9 @@ class Job:
     backend: mpi (mpirun + the rendered hostfile), ring (mlx.launch), or direct (one process on
       the launcher, no launcher program: see `backend_for`).
     ring_hosts_file: ring only: a file name in the work directory to write this layout's hosts
-      file to (with `ring_envs`), instead of using the rendered <cluster_root>/hosts.json.
+      file to, instead of using the rendered <cluster_root>/hosts.json.
+    mlx_envs: what mlx.launch exports on every rank, in a hosts file written at launch (a
+      ring_hosts_file, or JACCL's).
     map_by_node: mpi only: rank i on the i-th node, whatever the hostfile's slots.
     """
 
@@ -59,7 +61,7 @@ class Job:
     workdir: str | None = None  # default: the launcher's work directory
     map_by_node: bool = False
     ring_hosts_file: str | None = None
-    ring_envs: Sequence[str] = ()
+    mlx_envs: Sequence[str] = ()
 
 
 def choice_for(cluster: Cluster, requested: str | None) -> Choice:
@@ -216,8 +218,8 @@ def command(cluster: Cluster, job: Job) -> list[str]:
     elif job.backend in MLX_BACKENDS:
         argv = mlx_launch_command(cluster, job, env)
         # A hosts file of this layout's own, written where mlx.launch reads it.
-        written = ((ring_hosts(cluster, job.ring_envs), job.ring_hosts_file) if job.backend == "ring"
-                   else (jaccl_hosts(cluster, job.backend, job.ring_envs), JACCL_HOSTS_FILE))
+        written = ((ring_hosts(cluster, job.mlx_envs), job.ring_hosts_file) if job.backend == "ring"
+                   else (jaccl_hosts(cluster, job.backend, job.mlx_envs), JACCL_HOSTS_FILE))
         if written[1]:
             content = shlex.quote(json.dumps(written[0]))
             prefix = f"printf '%s\\n' {content} > {shlex.quote(f'{workdir}/{written[1]}')} && "

@@ -41,6 +41,7 @@ class Request:
     btl_tcp_links: int | None = None
     threads: int | None = None
     installed: str | None = None  # the model's path on every node, when provisioning put it there
+    mlx_envs: Sequence[str] = ()  # hostfile_mlx_envs, for a hosts file written at launch (JACCL's)
     interactive: bool = field(default_factory=lambda: sys.stdin.isatty() and sys.stdout.isatty())
 
 
@@ -96,7 +97,7 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
     backend = choice.backend
     job = launch.Job(program, backend=backend, interface=request.interface,
                      btl_tcp_links=request.btl_tcp_links, threads=request.threads,
-                     interactive=request.interactive)
+                     interactive=request.interactive, mlx_envs=request.mlx_envs)
     return Plan(cluster, request, run_id, resume, backend, steps, launch.command(cluster, job),
                 sync.pull(cluster.head, run_dir, RUNS / run_id), backend_why=choice.why)
 
@@ -240,7 +241,7 @@ def request_for(rec: Recorded, options: Options, *, fetch: bool) -> Request:
     return Request(data, model, config, overrides, options.backend, options.interface,
                    int(options.btl_tcp_links) if options.btl_tcp_links else None,
                    int(options.threads) if options.threads else None,
-                   installed["path"] if installed else None)
+                   installed["path"] if installed else None, mlx_envs=rec.mlx_envs)
 
 
 def train(inventory: str, options: Options) -> Path | None:

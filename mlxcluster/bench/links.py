@@ -95,14 +95,6 @@ def one_rank_per_node(cluster: Cluster) -> Cluster:
     return layout
 
 
-def rendered_envs(hosts_json: Path) -> list[str]:
-    """The envs of the hosts.json provisioning rendered (hostfile_mlx_envs), if it is there."""
-    try:
-        return list(json.loads(hosts_json.read_text()).get("envs", []))
-    except (OSError, ValueError):
-        return []
-
-
 def program(layout: Cluster, *, max_bytes: int, tag: str) -> list[str]:
     return ["python", "-m", "training.link_bench", "--max-size", str(max_bytes),
             "--pair-bytes", str(min(PAIR_BYTES, max_bytes)),
@@ -115,7 +107,7 @@ def job(layout: Cluster, backend: str, *, max_bytes: int, tag: str,
     one rank per node: mpirun maps by node, mlx.launch gets a hosts file with one entry each."""
     return launch.Job(program(layout, max_bytes=max_bytes, tag=tag), backend=backend,
                       map_by_node=backend == "mpi",
-                      ring_hosts_file=HOSTS_FILE if backend == "ring" else None, ring_envs=envs)
+                      ring_hosts_file=HOSTS_FILE if backend == "ring" else None, mlx_envs=envs)
 
 
 def extract(stdout: str) -> dict[str, Any] | None:
@@ -136,7 +128,7 @@ def measure(rec: Recorded, layout: Cluster, backend: str, *, max_bytes: int, tag
     print(f"==> {backend}: pairs and all_sum up to {format_bytes(max_bytes)} on "
           f"{layout.world_size} nodes, one rank each", flush=True)
     cmd = launch.command(layout, job(layout, backend, max_bytes=max_bytes, tag=tag,
-                                     envs=rendered_envs(rec.hosts_json)))
+                                     envs=rec.mlx_envs))
     try:
         relayed = relay.supervise(layout, cmd, f"--tag {tag}", timeout=timeout, hide=MARKER,
                                   stdin=subprocess.DEVNULL)

@@ -93,6 +93,19 @@ def test_a_jaccl_launch_writes_mlxs_hosts_file_and_starts_mlx_launch_with_it():
     assert f"/opt/mlx/venv/bin/mlx.launch --backend jaccl-ring --hostfile {hosts_file}" in line
 
 
+def test_a_jaccl_hosts_file_carries_the_envs_provisioning_rendered(tmp_path):
+    from mlxcluster.cluster import Recorded
+
+    mesh = cabled(MESH3, dict.fromkeys(["mac1", "mac2", "mac3"], ALL_PORTS))
+    rec = Recorded("inventory/macs.yml", mesh, tmp_path)
+    assert rec.mlx_envs == []  # not provisioned yet: nothing rendered
+    (tmp_path / "hosts.json").write_text(json.dumps({"backend": "ring", "envs": ["MLX_X=1"], "hosts": []}))
+    job = launch.Job(["python", "-m", "training.finetune"], backend="jaccl", mlx_envs=rec.mlx_envs)
+    line = launch.command(mesh, job)[-1]
+    written = json.loads(shlex.split(line.split(" > ")[0])[-1])
+    assert written["backend"] == "jaccl" and written["envs"] == ["MLX_X=1"]
+
+
 def test_jaccl_asked_for_without_rdma_or_off_a_full_mesh_is_refused_with_the_fix():
     no_rdma = cabled(MESH3, {"mac1": ALL_PORTS, "mac2": ALL_PORTS, "mac3": None})
     with pytest.raises(UserError, match=r"no RDMA device on mac3:en2, mac3:en3 .*rdma_ctl enable"):
