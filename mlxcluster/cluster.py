@@ -55,6 +55,9 @@ class Node:
     # management network (JACCL's ranks meet rank 0 there); None where not probed.
     rdma_devices: tuple[str, ...] | None = None
     management_ip: str | None = None
+    # A Mac: the network service of its Thunderbolt Bridge (thunderbolt_macos_service), which
+    # links mode turns off.
+    bridge_service: str | None = None
 
     @property
     def provisioned(self) -> bool:
@@ -126,13 +129,9 @@ class Cluster:
         if not self.cables:
             return [LinkPort(node.name, node.thunderbolt_interface, node.thunderbolt_ip,
                              node.thunderbolt_prefix)]
-        ports = []
-        for cable in self.cables:
-            a, b = cable["ends"]
-            label = f"{a['host']}:{a['interface']} <-> {b['host']}:{b['interface']}"
-            ports += [LinkPort(node.name, end["interface"], end["address"], 30, label)
-                      for end in (a, b) if end["host"] == node.name]
-        return ports
+        return [LinkPort(node.name, cable.port_of(node.name).interface, cable.address_of(node.name),
+                         cable.network.prefixlen, str(cable))
+                for cable in self.links() if node.name in (end.host for end in cable.ends)]
 
     def address_towards(self, node: Node, peer: Node) -> str:
         """Where `node` reaches `peer` on the cluster link: on a bridge its thunderbolt_ip, in

@@ -50,7 +50,9 @@ def probe_command(cluster: Cluster, node: Node) -> list[str]:
     args = {"cluster_root": node.cluster_root or "", "venv": node.venv or "",
             "interfaces": [p.interface or "" for p in cluster.ports_of(node)],
             "peers": [cluster.address_towards(node, n) for n in cluster.nodes if n.name != node.name],
-            "macos_links": node.os_family == "Darwin" and bool(cluster.cables)}
+            # A Mac in links mode: its bridge's service name, to check that it is off.
+            "macos_links": (node.bridge_service or "Thunderbolt Bridge")
+            if node.os_family == "Darwin" and cluster.cables else None}
     env = shlex.quote(node.env_file or "/nonexistent")
     line = f"if [ -f {env} ]; then . {env}; fi; python3 - {shlex.quote(json.dumps(args))}"
     return remote.ssh_command(node, line, connect_timeout=5)
@@ -266,7 +268,8 @@ def _macs(cluster: Cluster, nodes: Sequence[Node], facts: Facts) -> list[Check]:
         mac = facts[node.name]["macos"]
         off = mac["bridge_service"] == "Disabled"
         checks.append(Check(node.name, "Thunderbolt Bridge service", off,
-                            "off" if off else f"{mac['bridge_service']}: its ports are bridged "
+                            "off" if off else f"{node.bridge_service or 'Thunderbolt Bridge'}: "
+                            f"{mac['bridge_service']}: its ports are bridged "
                             "(a loop on a ring)", "" if off else
                             f"{REPROVISION} (the thunderbolt role turns it off in links mode)"))
         missing = [f"rdma_{p.interface}" for p in cluster.ports_of(node)

@@ -5,7 +5,8 @@ so it uses the standard library only and never fails: every fact it cannot get i
 an error string instead. It prints one JSON object.
 
 Arguments (JSON, argv[1]): {"cluster_root", "venv", "interfaces": [its ports on the cluster link],
-"peers": [the peers' addresses on the cluster link], "macos_links": a Mac in links mode}.
+"peers": [the peers' addresses on the cluster link], "macos_links": on a Mac in links mode, the
+name of its Thunderbolt Bridge's network service}.
 """
 
 from __future__ import annotations
@@ -103,15 +104,15 @@ def ssh_to(ip: str) -> dict[str, Any]:
     return {"ok": code == 0, "error": None if code == 0 else out.splitlines()[-1:] or [f"exit {code}"]}
 
 
-def macos_links() -> dict[str, Any]:
+def macos_links(bridge_service: str) -> dict[str, Any]:
     """A Mac in links mode: its macOS version, RDMA (rdma_ctl status, ibv_devices' devices) and
-    whether the Thunderbolt Bridge service is on (its ports would be bridged)."""
+    whether its Thunderbolt Bridge's service (`bridge_service`) is on (its ports would be bridged)."""
     # macOS's own tools, wherever this shell's PATH leaves out the system folders.
     env = {**os.environ, "PATH": os.environ.get("PATH", "") + ":/usr/bin:/bin:/usr/sbin:/sbin"}
     _, version = _run(["sw_vers", "-productVersion"], env=env)
     code, status = _run(["rdma_ctl", "status"], env=env)
     _, devices = _run(["ibv_devices"], env=env)
-    _, bridge = _run(["networksetup", "-getnetworkserviceenabled", "Thunderbolt Bridge"], env=env)
+    _, bridge = _run(["networksetup", "-getnetworkserviceenabled", bridge_service], env=env)
     return {"version": version or None, "rdma": status.lower() if code == 0 else f"unknown ({status})",
             "rdma_devices": sorted({w for w in devices.split() if w.startswith("rdma_")}),
             "bridge_service": bridge}
@@ -140,7 +141,7 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
             "memory": memory_bytes(),
             "disk_free": disk_free(root),
             "ssh": ssh,
-            **({"macos": macos_links()} if args.get("macos_links") else {}),
+            **({"macos": macos_links(args["macos_links"])} if args.get("macos_links") else {}),
         }
 
 

@@ -134,6 +134,8 @@ def node_settings(name: str, hostvars: Mapping[str, Any], launcher: str,
         # to the launcher (mlxcluster/topology.py).
         **topology.link_of(name, cluster, launcher, view),
         "thunderbolt_mtu": int(get("thunderbolt_mtu", 0)),
+        **({"bridge_service": str(get("thunderbolt_macos_service", "Thunderbolt Bridge"))}
+           if "macs" in hv["group_names"] else {}),
         "slots": int(get("mpi_slots", 1)),
         "connection": {
             "type": get("ansible_connection", "ssh"),

@@ -121,6 +121,15 @@ def test_each_mac_turns_the_bridge_off_and_gives_every_cabled_port_its_cables_ad
         assert ported == sorted(ported, key=lambda c: "-setmanual" in c), made
         assert sorted(c for c in made if "-setMTU" in c) == [f"networksetup -setMTU {p} {MTU}"
                                                             for p in ("en2", "en3")]
+        # Each neighbour's address on its other cable, through its end of this one.
+        view = {h: {"thunderbolt_links": [[str(e) for e in c.ends] for c in cables],
+                    "thunderbolt_link_pool": POOL} for h in HOSTS}
+        routed = []
+        for p in topology.ports_of(host, HOSTS, view):
+            service = "TB one" if (host, p["interface"]) == ("node2", "en2") else PREFIX + p["interface"]
+            words = [word for r in p["routes"] for word in (r["to"], "255.255.255.255", r["via"])]
+            routed.append(shlex.join(["networksetup", "-setadditionalroutes", service, *words]))
+        assert sorted(c for c in made if "-setadditionalroutes" in c) == sorted(routed)
         # Every change as root, after the role read the ports and services.
         first = [c for c in calls if c.run == "links-first" and c.host == host]
         assert all(c.uid == 0 for c in first if c.changes_something)
@@ -147,6 +156,10 @@ def test_every_cable_carries_its_addresses_for_real(links, stand_in_macs: StandI
         a, b = cable.ends
         node_shell(stand_in_macs.lab, HOSTS.index(a.host) + 1,
                    f"ping -c 1 -W 2 -I {a.interface} {cable.address_of(b.host)}")
+    # node1 reaches node2 at its address on the node2-node3 cable, across their own cable.
+    far = next(c for c in cables if c.joins("node2", "node3")).address_of("node2")
+    assert "dev en2" in node_shell(stand_in_macs.lab, 1, f"ip route get {far}")
+    node_shell(stand_in_macs.lab, 1, f"ping -c 1 -W 2 {far}")
 
 
 def test_the_record_keeps_each_macs_rdma_devices_and_auto_picks_jaccl_once_every_port_has_rdma(
@@ -174,6 +187,8 @@ def test_the_record_keeps_each_macs_rdma_devices_and_auto_picks_jaccl_once_every
 def test_doctor_checks_each_macs_version_bridge_service_and_rdma_with_the_fix(links, stand_in_macs):
     cluster = Cluster.from_json(links.records["links-second"])  # JACCL: RDMA on every port
     assert cluster.backend_choice().backend == "jaccl"
+    # The record names each Mac's bridge service (thunderbolt_macos_service), which doctor asks about.
+    assert {n.bridge_service for n in cluster.nodes} == {"Thunderbolt Bridge"}
 
     def mac_checks() -> dict[tuple[str, str], doctor.Check]:
         found = doctor.evaluate(cluster, "", doctor.gather(cluster))

@@ -170,3 +170,18 @@ def test_macs_on_a_ring_without_rdma_show_it_unused_and_the_bridge_service_must_
     assert [key for key, c in checks.items() if not c.ok] == [("mac2", "Thunderbolt Bridge service")]
     # Linux nodes and Macs on the bridge are not probed for any of it.
     assert doctor._macs(ring, ring.nodes, {n.name: {} for n in ring.nodes}) == []
+
+
+def test_a_mac_is_asked_about_its_own_bridge_service_by_the_name_the_inventory_gives():
+    import dataclasses
+    import shlex
+
+    from tests.unit.test_backends import RING4, cabled
+
+    ring = cabled(RING4, {})
+    renamed = dataclasses.replace(ring.nodes[1], bridge_service="TB Bridge (office)")
+    for node, service in ((ring.nodes[0], "Thunderbolt Bridge"), (renamed, "TB Bridge (office)")):
+        args = json.loads(shlex.split(doctor.probe_command(ring, node)[-1])[-1])
+        assert args["macos_links"] == service
+    bridge = dataclasses.replace(ring, cables=())
+    assert json.loads(shlex.split(doctor.probe_command(bridge, ring.nodes[0])[-1])[-1])["macos_links"] is None
