@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,21 +91,42 @@ def links_block(links: Sequence[Sequence[str]], pool: str) -> str:
     return "\n".join(lines + [f"  - [{a}, {b}]" for a, b in links]) + "\n"
 
 
+Point = tuple[float, float]
+
+
+def _bend(a: Point, b: Point, offset: float) -> Callable[[float], Point]:
+    """The cable from a to b as a curve bowed sideways by `offset` (a quadratic Bezier), so
+    that two cables between the same Macs are drawn apart; 0 is the straight line."""
+    (xa, ya), (xb, yb) = a, b
+    length = math.hypot(xb - xa, yb - ya) or 1.0
+    cx = (xa + xb) / 2 - (yb - ya) / length * offset * 2
+    cy = (ya + yb) / 2 + (xb - xa) / length * offset * 2
+    return lambda t: ((1 - t) ** 2 * xa + 2 * (1 - t) * t * cx + t ** 2 * xb,
+                      (1 - t) ** 2 * ya + 2 * (1 - t) * t * cy + t ** 2 * yb)
+
+
 def draw(hosts: Sequence[str], links: Sequence[Sequence[str]], path: Path) -> None:
-    """The cabling as a picture: the Macs on a circle, each cable a line labelled with its ports."""
+    """The cabling as a picture: the Macs on a circle, each cable a line labelled with its ports
+    (cables between the same two Macs bowed apart)."""
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(6, 6))
     ax = figure.add_subplot()
     where = {h: (math.cos(math.pi / 2 - 2 * math.pi * i / len(hosts)),
                  math.sin(math.pi / 2 - 2 * math.pi * i / len(hosts))) for i, h in enumerate(hosts)}
+    pairs = Counter(frozenset(end.split(":")[0] for end in link) for link in links)
+    drawn: Counter[frozenset[str]] = Counter()
     for a, b in links:
         (ha, pa), (hb, pb) = a.split(":"), b.split(":")
-        (xa, ya), (xb, yb) = where[ha], where[hb]
-        ax.plot([xa, xb], [ya, yb], color="tab:blue", linewidth=2, zorder=1)
-        for x, y, label in ((xa + (xb - xa) * 0.25, ya + (yb - ya) * 0.25, pa),
-                            (xa + (xb - xa) * 0.75, ya + (yb - ya) * 0.75, pb)):
-            ax.annotate(label, (x, y), ha="center", va="center", fontsize=8,
+        pair = frozenset((ha, hb))
+        # The same sideways direction for every cable of a pair, whichever end is listed first.
+        sign = 1 if ha < hb else -1
+        curve = _bend(where[ha], where[hb], sign * 0.35 * (drawn[pair] - (pairs[pair] - 1) / 2))
+        drawn[pair] += 1
+        xs, ys = zip(*(curve(i / 20) for i in range(21)), strict=True)
+        ax.plot(xs, ys, color="tab:blue", linewidth=2, zorder=1)
+        for t, label in ((0.25, pa), (0.75, pb)):
+            ax.annotate(label, curve(t), ha="center", va="center", fontsize=8,
                         bbox={"boxstyle": "round", "fc": "white", "ec": "tab:blue"})
     for host, (x, y) in where.items():
         ax.annotate(host, (x, y), ha="center", va="center", fontsize=11, zorder=2,

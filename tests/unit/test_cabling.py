@@ -68,3 +68,16 @@ def test_the_picture_is_drawn(tmp_path):
     links, _ = cabling.cables_seen(seen(), ["mac1", "mac2", "mac3"])
     cabling.draw(["mac1", "mac2", "mac3"], links, tmp_path / "topology.png")
     assert (tmp_path / "topology.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_two_cables_between_the_same_macs_are_drawn_apart(tmp_path):
+    a, b = (0.0, 1.0), (0.0, -1.0)
+    straight = cabling._bend(a, b, 0.0)
+    assert straight(0.5) == (0.0, 0.0) and straight(0.0) == a and straight(1.0) == b
+    # Two cables of one pair: bowed to either side by as much, whichever end was listed first.
+    left, right = cabling._bend(a, b, -0.06), cabling._bend(a, b, 0.06)
+    assert left(0.5)[0] == -right(0.5)[0] != 0 and left(1.0) == right(1.0) == b
+    assert cabling._bend(b, a, -0.06)(0.5) == right(0.5)
+    cabling.draw(["mac1", "mac2", "mac3"], [["mac1:en2", "mac2:en2"], ["mac2:en3", "mac1:en3"],
+                                            ["mac3:en2", "mac1:en4"]], tmp_path / "twice.png")
+    assert (tmp_path / "twice.png").stat().st_size > 0
