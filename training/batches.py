@@ -16,6 +16,9 @@ from typing import Any
 import numpy as np
 from mlx_lm.tuner import trainer
 
+from training.shares import cut as cut_counts
+from training.shares import deal as shares_deal
+
 
 def _with_private_rng(batches: Iterator[Any], seed: int) -> Iterator[Any]:
     rng = np.random.RandomState(seed).get_state()
@@ -63,3 +66,97 @@ def seeded_iterate_batches(order_seed: int, skip: int = 0) -> Callable[..., Iter
         return batches
 
     return iterate_batches
+
+
+# --- each rank's share of a global batch -----------------------------------------------------------
+#
+# mlx-lm gives every rank batch_size / world size examples and averages the ranks' mean losses'
+# gradients: exact only when every rank's examples hold as many tokens. Here the global batch is
+# cut by the shares (training/shares.py), and every micro-batch's loss is the SUM of its token
+# losses times `scale` = world size x micro-batches / the global batch's tokens. mlx-lm then
+# divides the accumulated gradients by the micro-batches and its average by the world size, so an
+# update is the gradient of the global batch's token-mean loss: one process's, on the same batch,
+# whatever the shares, the micro-batches and the examples' lengths. (The reported loss is that
+# mean too.) Validation micro-batches get scale = 1 / their own tokens: mlx-lm's evaluate weighs
+# each by its tokens, which makes the mean exact again.
+
+PAD_TO = 32  # mlx-lm pads a batch to one plus a multiple of this
+
+
+def target_mask(batch: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The targets a batch's loss counts, as mlx-lm's default_loss masks them: (rows, width - 1)."""
+    steps = np.arange(1, batch.shape[1])
+    return (steps >= lengths[:, 0:1]) & (steps <= lengths[:, 1:])
+
+
+def summed_loss(model: Any, batch: Any, lengths: Any, scale: Any) -> tuple[Any, Any]:
+    """mlx-lm's default_loss as a sum over the target tokens, times `scale`; and the token count."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    inputs, targets = batch[:, :-1], batch[:, 1:]
+    logits = model(inputs)
+    steps = mx.arange(1, targets.shape[1] + 1)
+    mask = mx.logical_and(steps >= lengths[:, 0:1], steps <= lengths[:, 1:])
+    ce = (nn.losses.cross_entropy(logits, targets) * mask).astype(mx.float32).sum()
+    return ce * scale, mask.sum()
+
+
+def _rows(batch: np.ndarray, lengths: np.ndarray, rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Some rows of a padded batch, cut to the padding mlx-lm would give them alone (their
+    targets are the same); none: one empty row, which no target counts."""
+    if not rows:
+        return np.zeros((1, 2), np.int32), np.zeros((1, 2), np.int32)
+    longest = int(lengths[rows, 1].max())
+    width = min(1 + PAD_TO * -(-longest // PAD_TO), batch.shape[1])
+    return batch[rows, :width], lengths[rows]
+
+
+def rank_parts(batch: np.ndarray, lengths: np.ndarray, shares: list[int], rank: int, micro: int,
+               training: bool) -> Iterator[tuple[np.ndarray, np.ndarray, float]]:
+    """This rank's micro-batches of one global batch, each with the scale of its summed loss."""
+    mine = [i for i, owner in enumerate(shares_deal(shares)) if owner == rank]
+    tokens = int(target_mask(batch, lengths).sum())
+    start = 0
+    for count in cut_counts(len(mine), micro):
+        part, part_lengths = _rows(batch, lengths, mine[start:start + count])
+        start += count
+        if training:
+            scale = len(shares) * micro / max(tokens, 1)
+        else:
+            own = int(target_mask(part, part_lengths).sum())
+            scale = 1 / own if own else 0.0
+        yield part, part_lengths, scale
+
+
+class SharedBatches:
+    """An `iterate_batches` for `trainer.train`, with `summed_loss` as its loss: mlx-lm's global
+    batches (sorted by length, padded, in the seed's order; see `seeded_iterate_batches`), each
+    cut into this rank's share (`shares`: examples per rank, summing to the batch size) and that
+    into `micro` micro-batches. Every global batch gives every rank `micro` batches.
+    `trained_tokens` counts the target tokens this rank has been given to train on."""
+
+    def __init__(self, order_seed: int, shares: list[int], micro: int = 1, skip: int = 0):
+        self.order_seed, self.shares, self.micro, self.skip = order_seed, shares, micro, skip
+        self.trained_tokens = 0
+
+    def __call__(
+        self,
+        dataset: Any,
+        batch_size: int,
+        max_seq_length: int,
+        loop: bool = False,
+        seed: int | None = None,  # mlx-lm's signature; the order's seed is ours
+        comm_group: Any = None,
+    ) -> Iterator[Any]:
+        import mlx.core as mx
+
+        rank = comm_group.rank() if comm_group is not None else 0
+        whole = seeded_iterate_batches(self.order_seed, self.skip)(
+            dataset, batch_size, max_seq_length, loop=loop, comm_group=None)
+        for batch, lengths in whole:
+            for part, part_lengths, scale in rank_parts(np.array(batch), np.array(lengths), self.shares,
+                                                        rank, self.micro, training=loop):
+                if loop:
+                    self.trained_tokens += int(target_mask(part, part_lengths).sum())
+                yield mx.array(part), mx.array(part_lengths), mx.array(scale, dtype=mx.float32)

@@ -21,6 +21,8 @@ from typing import Any
 
 import yaml
 
+from training import shares
+
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "lora.yaml"
 LR_SCHEDULES = ("none", "cosine")
 
@@ -38,7 +40,17 @@ class FinetuneConfig:
     adapter_path: str = field(default="adapters", metadata={"help": "output directory of rank 0"})
     iters: int = field(default=200, metadata={"help": "optimizer steps"})
     batch_size: int = field(
-        default=4, metadata={"help": "GLOBAL batch: examples per step over all ranks; divisible by them"}
+        default=4, metadata={"help": "GLOBAL batch: examples per step over all ranks, at least one each"}
+    )
+    batch_shares: str | None = field(
+        default=None,
+        metadata={"help": "examples of each global batch per rank, in rank order, summing to batch_size "
+                  "(e.g. 3,1 for a Mac three times as fast as the other); none: as equal as can be"},
+    )
+    max_micro_batch: str | None = field(
+        default=None,
+        metadata={"help": "most examples a rank runs at once (one per rank, or one for all; 0: no "
+                  "limit): a larger share runs as micro-batches, gradients accumulated"},
     )
     learning_rate: float = field(
         default=1e-4, metadata={"help": "Adam learning rate (peak, with a schedule)"}
@@ -89,6 +101,8 @@ def _coerce(key: str, value: Any, source: str) -> Any:
         raise ConfigError(f"{source}: {key} must be a number, got {value!r}")
     if value is None and kind == (str | None):
         return None
+    if kind == (str | None) and isinstance(value, int) and not isinstance(value, bool):
+        return str(value)  # YAML reads `max_micro_batch: 2` as a number
     if isinstance(value, str):
         return value
     raise ConfigError(f"{source}: {key} must be a string, got {value!r}")
@@ -152,13 +166,11 @@ def config_problems(config: FinetuneConfig, world_size: int = 1) -> list[str]:
     for key in ("num_layers", "val_batches"):
         if getattr(config, key) != -1 and getattr(config, key) < 1:
             problems.append(f"{key} must be -1 (all) or at least 1, got {getattr(config, key)}")
-    if config.batch_size >= 1 and config.batch_size % world_size != 0:
-        multiple = -(-config.batch_size // world_size) * world_size
-        problems.append(
-            f"batch_size {config.batch_size} is not divisible by the world size {world_size}: mlx-lm "
-            f"gives each rank batch_size / world size examples of every global batch "
-            f"(use a multiple of {world_size}, e.g. {multiple})"
-        )
+    if config.batch_size >= 1:
+        try:
+            batch_plan(config, world_size)
+        except shares.ShareError as error:
+            problems.append(str(error))
     if not config.learning_rate > 0:
         problems.append(f"learning_rate must be positive, got {config.learning_rate}")
     if not config.lora_scale > 0:
@@ -174,6 +186,35 @@ def config_problems(config: FinetuneConfig, world_size: int = 1) -> list[str]:
     if not 0 <= config.seed < 2**32:
         problems.append(f"seed must be in [0, 2**32), got {config.seed}")
     return problems
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """How each global batch is cut: examples per rank, and micro-batches per rank and step."""
+
+    shares: list[int]
+    limits: list[int]  # max_micro_batch per rank; 0: none
+    micro_batches: int
+
+    @property
+    def equal(self) -> bool:
+        return len(set(self.shares)) == 1 and self.micro_batches == 1
+
+
+def batch_plan(config: FinetuneConfig, world_size: int) -> BatchPlan:
+    """The shares and micro-batches of `config` on `world_size` ranks (a ShareError says what
+    is wrong with them)."""
+    if config.batch_shares:
+        cut = shares.parse(config.batch_shares, world_size, "batch_shares")
+        if 0 in cut or sum(cut) != config.batch_size:
+            raise shares.ShareError(
+                f"batch_shares {config.batch_shares} must give every rank at least 1 example and sum "
+                f"to batch_size {config.batch_size} (they sum to {sum(cut)})"
+            )
+    else:
+        cut = shares.split(config.batch_size, [1] * world_size)
+    limits = shares.parse(config.max_micro_batch or "0", world_size, "max_micro_batch")
+    return BatchPlan(cut, limits, shares.micro_batches(cut, limits))
 
 
 def validate_config(config: FinetuneConfig, world_size: int = 1) -> None:

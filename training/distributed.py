@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -186,11 +186,22 @@ class RankChecks:
     weight_spread: float  # largest difference of any rank's LoRA weights from rank 0's
     ranks_with_openblas: int
     gradient_sync_seconds: float  # one all-reduce of the gradients, timed alone
+    rank_tokens: list[int] = field(default_factory=list)  # tokens each rank trained on, in rank order
 
 
-def check_ranks(model: nn.Module, group: Any) -> RankChecks:
-    """Compare the ranks after training: collectives, called by every rank in the same order."""
+def per_rank(value: float, group: Any) -> list[float]:
+    """Every rank's `value`, in rank order (a collective)."""
+    mine = mx.array([float(value)], dtype=mx.float32)
+    if group.size() == 1:
+        return [float(value)]
+    return [float(v) for v in mx.distributed.all_gather(mine, group=group, stream=mx.cpu).tolist()]
+
+
+def check_ranks(model: nn.Module, group: Any, trained_tokens: int = 0) -> RankChecks:
+    """Compare the ranks after training: collectives, called by every rank in the same order.
+    `trained_tokens`: the tokens this rank trained on."""
     # Every rank must end with the same LoRA weights (mlx-lm averages the gradients): check it.
     spread = weight_spread_across_ranks(model, group)
     openblas = ranks_with_openblas(group)
-    return RankChecks(spread, openblas, gradient_sync_seconds(model, group))
+    tokens = [round(t) for t in per_rank(trained_tokens, group)]
+    return RankChecks(spread, openblas, gradient_sync_seconds(model, group), tokens)

@@ -65,10 +65,11 @@ from mlx_lm.utils import save_config
 from rich.console import Console
 
 from training import checkpoint, report
-from training.batches import seeded_iterate_batches
+from training.batches import SharedBatches, summed_loss
 from training.config import (
     ConfigError,
     FinetuneConfig,
+    batch_plan,
     build_parser,
     check_inputs,
     cli_values,
@@ -195,19 +196,42 @@ def watchdog_for(config: FinetuneConfig, group: Any, display: ProgressDisplay) -
     return watchdog
 
 
-def training_args(config: FinetuneConfig, first_step: int, adapter_file: Path) -> trainer.TrainingArgs:
+def training_args(
+    config: FinetuneConfig, first_step: int, adapter_file: Path, micro: int = 1
+) -> trainer.TrainingArgs:
+    """mlx-lm's arguments. With `micro` micro-batches per step, mlx-lm counts micro-batches: its
+    iterations, reports, validations and validation batches are `micro` times ours, and it
+    accumulates `micro` gradients per update (MicroSteps turns its counts back into steps)."""
     return trainer.TrainingArgs(
         batch_size=config.batch_size,
-        iters=config.iters - first_step,
-        val_batches=config.val_batches,
-        steps_per_report=config.steps_per_report,
-        steps_per_eval=config.steps_per_eval,
+        iters=(config.iters - first_step) * micro,
+        val_batches=config.val_batches * micro if config.val_batches > 0 else config.val_batches,
+        steps_per_report=config.steps_per_report * micro,
+        steps_per_eval=config.steps_per_eval * micro,
         # The trainer's own saves are off: checkpoints are the Checkpointer's.
-        steps_per_save=config.iters + 1,
+        steps_per_save=(config.iters + 1) * micro,
         max_seq_length=config.max_seq_length,
         adapter_file=str(adapter_file),
         grad_checkpoint=config.grad_checkpoint,
+        grad_accumulation_steps=micro,
     )
+
+
+class MicroSteps(trainer.TrainingCallback):
+    """The callback mlx-lm reports to when it counts micro-batches: its reports, in steps."""
+
+    def __init__(self, callback: MetricsCallback, micro: int):
+        self.callback, self.micro = callback, micro
+
+    def on_train_loss_report(self, info: dict[str, Any]) -> None:
+        self.callback.on_train_loss_report(
+            info | {"iteration": info["iteration"] // self.micro,
+                    "iterations_per_second": info["iterations_per_second"] / self.micro}
+        )
+
+    def on_val_loss_report(self, info: dict[str, Any]) -> None:
+        # mlx-lm validates before micro-batch it, after (it - 1) of them: (it - 1) // micro steps.
+        self.callback.on_val_loss_report(info | {"iteration": info["iteration"] // self.micro})
 
 
 def train(
@@ -218,34 +242,38 @@ def train(
     callback: MetricsCallback,
     display: ProgressDisplay,
     first_step: int,
-) -> None:
-    """mlx-lm's training loop from `first_step` to `iters`, then a validation of the final adapters."""
+) -> int:
+    """mlx-lm's training loop from `first_step` to `iters`, then a validation of the final adapters;
+    the tokens this rank trained on."""
     out = Path(config.adapter_path)
     # The trainer's final save goes to a partial file that is renamed once complete.
     final_partial = out / ".adapters.partial.safetensors"
-    batches = seeded_iterate_batches(config.seed, skip=first_step)
+    cut = batch_plan(config, group.size())
+    batches = SharedBatches(config.seed, cut.shares, cut.micro_batches, skip=first_step)
     with _replaced(trainer, "TrainUI", lambda *_, **__: display):
         trainer.train(
             model=loaded.model,
             optimizer=optimizer,
             train_dataset=CacheDataset(loaded.train_set),
             val_dataset=loaded.valid,
-            args=training_args(config, first_step, final_partial),
+            args=training_args(config, first_step, final_partial, cut.micro_batches),
+            loss=summed_loss,
             iterate_batches=batches,
-            training_callback=callback,
+            training_callback=MicroSteps(callback, cut.micro_batches) if cut.micro_batches > 1 else callback,
         )
     if group.rank() == 0:
         os.replace(final_partial, out / "adapters.safetensors")
     # mlx-lm's last validation runs before the last step: validate the adapters it saved.
     if loaded.valid is None:
-        return
+        return batches.trained_tokens
     tic = time.perf_counter()
     val_loss = trainer.evaluate(
         loaded.model,
         loaded.valid,
         config.batch_size,
-        config.val_batches,
+        training_args(config, first_step, final_partial, cut.micro_batches).val_batches,
         max_seq_length=config.max_seq_length,
+        loss=summed_loss,
         iterate_batches=batches,
         progress_callback=display.progressed,
     )
@@ -253,6 +281,7 @@ def train(
     callback.on_val_loss_report(
         {"iteration": config.iters - first_step, "val_loss": val_loss, "val_time": time.perf_counter() - tic}
     )
+    return batches.trained_tokens
 
 
 # --- summarize -------------------------------------------------------------------------------------
@@ -275,6 +304,10 @@ def write_summary(
     summary["resumed_from_step"] = first_step if resumed else None
     summary["time_split"] = report.time_split(
         records, model_load, checks.gradient_sync_seconds, steps=config.iters - first_step
+    )
+    cut = batch_plan(config, len(checks.rank_tokens))
+    summary["batch"] = report.batch_split(
+        cut.shares, cut.micro_batches, checks.rank_tokens, summary.get("tokens_per_second")
     )
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     try:
@@ -310,7 +343,10 @@ def run(
 
     out = Path(config.adapter_path)
     display = ProgressDisplay(
-        config.iters, (console or Console()) if rank0 else None, first_iteration=first_step
+        config.iters,
+        (console or Console()) if rank0 else None,
+        first_iteration=first_step,
+        micro_batches=batch_plan(config, group.size()).micro_batches,
     )
     callback = MetricsCallback(group, out / "metrics.jsonl", display, resumed=resumed)
     checkpointer = Checkpointer(
@@ -320,8 +356,8 @@ def run(
     watchdog = watchdog_for(config, group, display)
     watchdog.start()
     try:
-        train(config, group, loaded, optimizer, callback, display, first_step)
-        checks = check_ranks(loaded.model, group)
+        trained_tokens = train(config, group, loaded, optimizer, callback, display, first_step)
+        checks = check_ranks(loaded.model, group, trained_tokens)
     finally:
         watchdog.stop()
     if not rank0:

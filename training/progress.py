@@ -67,8 +67,12 @@ class ProgressDisplay:
         console: Console | None,
         clock: Callable[[], float] = time.monotonic,
         first_iteration: int = 0,
+        micro_batches: int = 1,
     ):
         self.total = total_iters
+        # mlx-lm advances once per micro-batch: a step is `micro_batches` of them.
+        self.micro_batches = micro_batches
+        self._micro = 0
         self.console = console
         self.clock = clock
         self.started = clock()
@@ -134,6 +138,10 @@ class ProgressDisplay:
 
     # mlx-lm's TrainUI interface; the callback reports the numbers, with more of them.
     def advance(self) -> None:
+        self._micro += 1
+        if self._micro % self.micro_batches:
+            self.progressed()  # a micro-batch done: progress, but not yet a step
+            return
         self.iteration += 1
         if self.progress is not None:
             self.progress.advance(self.task)

@@ -80,6 +80,27 @@ def time_split(
     }
 
 
+def batch_split(
+    shares: Sequence[int], micro_batches: int, rank_tokens: Sequence[int], tokens_per_second: float | None
+) -> dict[str, Any]:
+    """How the global batches were shared: each rank's examples per step, and its part of the
+    tokens and of the run's tokens/s (its tokens over the same training time)."""
+    total = sum(rank_tokens)
+    return {
+        "shares": list(shares),
+        "micro_batches": micro_batches,
+        "ranks": [
+            {
+                "rank": rank,
+                "examples_per_step": share,
+                "trained_tokens": tokens,
+                "tokens_per_second": (tokens_per_second or 0.0) * tokens / total if total else 0.0,
+            }
+            for rank, (share, tokens) in enumerate(zip(shares, rank_tokens, strict=True))
+        ],
+    }
+
+
 def plot_losses(records: Sequence[Mapping[str, Any]], output: Path, title: str | None = None) -> Path:
     """Draw train and validation loss against the iteration into a PNG file."""
     # The object API draws with Agg without touching pyplot's global backend and figure state.

@@ -50,11 +50,22 @@ def test_values_are_checked_against_their_types():
         tc.merge_config({"batch_size": True}, {})
 
 
-def test_global_batch_must_be_divisible_by_the_world_size():
+def test_the_global_batch_is_shared_as_equally_as_can_be_or_as_batch_shares_says():
     config = tc.FinetuneConfig(batch_size=6)
-    tc.validate_config(config, world_size=3)
-    with pytest.raises(tc.ConfigError, match=r"batch_size 6 is not divisible by the world size 4.*e\.g\. 8"):
-        tc.validate_config(config, world_size=4)
+    assert tc.batch_plan(config, 3) == tc.BatchPlan([2, 2, 2], [0, 0, 0], 1)
+    assert tc.batch_plan(config, 4).shares == [2, 2, 1, 1]  # no longer needs to divide
+    with pytest.raises(tc.ConfigError, match="a global batch of 6 cannot give each of 7 ranks an example"):
+        tc.validate_config(config, world_size=7)
+    shared = tc.FinetuneConfig(batch_size=8, batch_shares="6,2", max_micro_batch="4,0")
+    assert tc.batch_plan(shared, 2) == tc.BatchPlan([6, 2], [4, 0], 2)
+    for shares, message in (("5,2", "must give every rank at least 1 example and sum to batch_size 8 "
+                                    r"\(they sum to 7\)"),
+                            ("8,0", "at least 1 example"),
+                            ("4,2,2", "gives 3 ranks a value, but the run has 2")):
+        with pytest.raises(tc.ConfigError, match=message):
+            tc.validate_config(dataclasses.replace(shared, batch_shares=shares), world_size=2)
+    # YAML reads `max_micro_batch: 2` as a number.
+    assert tc.merge_config({"max_micro_batch": 2}, {}).max_micro_batch == "2"
 
 
 def test_every_problem_is_reported_at_once():

@@ -36,8 +36,8 @@ def test_main_stops_on_a_batch_the_ranks_cannot_share_before_loading_the_model(
     monkeypatch.setattr(ft, "init_distributed", lambda environ, expected: FakeGroup(0, 4))
     monkeypatch.setattr(ft, "load", lambda *a, **k: pytest.fail("the model was loaded"))
 
-    assert ft.main(["--batch-size", "6"], environ={}) == 2
-    assert "rank 0: error: invalid settings:\n  batch_size 6 is not divisible by the world size 4" in (
+    assert ft.main(["--batch-size", "3"], environ={}) == 2
+    assert "rank 0: error: invalid settings:\n  a global batch of 3 cannot give each of 4 ranks an example" in (
         capsys.readouterr().err
     )
 
