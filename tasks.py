@@ -18,12 +18,14 @@ from invoke.exceptions import Exit
 from invoke.tasks import Task
 from invoke.tasks import task as invoke_task
 
-from mlxcluster import ansible, cabling, devtools, everywhere, inputs, lab, local, paths, runs
+from mlxcluster import ansible, cabling, devtools, everywhere, inputs, lab, lab_limits, local, paths, runs
 from mlxcluster import doctor as checkup
 from mlxcluster import train as training
+from mlxcluster.bench import calibrate as bench_calibrate_module
 from mlxcluster.bench import links as bench_links_module
 from mlxcluster.bench import provision as bench_provision_module
 from mlxcluster.bench import scaling as bench_scaling_module
+from mlxcluster.bench import shares as bench_shares_module
 from mlxcluster.bench import train as bench_train_module
 from mlxcluster.cluster import recorded
 from mlxcluster.errors import UserError
@@ -135,7 +137,7 @@ def model_fetch(c, source=inputs.DEFAULT_MODEL, output=None, dtype=None):
     "model": "Model directory on the controller, copied to the nodes (default: the model "
              "provisioning installed, only verified; else SmolLM2-135M, fetched on first use)",
     "iters": "Optimizer steps",
-    "batch_size": "GLOBAL batch size (divisible by the total slots)",
+    "batch_size": "GLOBAL batch size (at least one example per rank; shared by batch_share)",
     "extra": "More training flags, e.g. \"--learning-rate 2e-4 --num-layers 4\"",
     "backend": "auto (default: jaccl on a full mesh of cables with RDMA, then jaccl-ring, ring, "
                "mpi on a bridge; says why), mpi, ring, jaccl or jaccl-ring",
@@ -229,6 +231,16 @@ def lab_status(c, id=None):
     print(json.dumps(lab.status(_lab_id(c, id)), indent=2))
 
 
+@task(name="limit", help={"node": "Node number", "id": "Lab number 0-9",
+                          "cpu": "Percent of one core its processes may use, e.g. 30",
+                          "memory": "Memory its processes may use, e.g. 1.5GB (no swap)",
+                          "off": "Lift the node's limits"})
+def lab_limit(c, node, id=None, cpu=None, memory=None, off=False):
+    """Make a lab node slower or smaller (a control group over its processes), like a lesser Mac."""
+    print(lab_limits.set_limits(lab.Lab(_lab_id(c, id)), int(node), float(cpu) if cpu else None,
+                                lab_limits.parse_memory(memory) if memory else None, off))
+
+
 # -------------------------------------------------------------------------- benchmarks
 
 @task(name="provision", help={"nodes": "Lab hosts (default 3)", "id": "Lab number (default 8)",
@@ -294,19 +306,45 @@ def bench_links(c, inventory=None, backends=None, max_size="256MB", output=None,
     "model": "Model directory on the controller (default: SmolLM2-135M)",
     "threads": "BLAS threads per rank (default: all cores, 1 when a node has several slots)",
     "extra": "More training flags for every run",
+    "shares": "Instead: each node alone (a calibration), then all with equal and with calibrated "
+              "batch shares (a mixed cluster)",
     "output": "JSON file to write; the PNG goes next to it (default runs/bench/scaling-<time>.json)"})
 def bench_scaling(c, inventory=None, nodes=None, iters=30, batch_size=None, data=None, model=None,
-                  threads=None, extra="", output=None):
+                  threads=None, extra="", shares=False, output=None):
     """The same fine-tune on 1 node and on more: wall time, tokens/s, speedup, efficiency and
     where the time went (sync, model load, training, evaluation), as a table, JSON and PNG."""
-    bench_scaling_module.run(recorded(_inventory(c, inventory)), nodes=nodes, iters=int(iters),
-                             batch_size=_int(batch_size), data=data, model=model,
-                             threads=_int(threads), extra=extra, output=output)
+    rec = recorded(_inventory(c, inventory))
+    common = {"iters": int(iters), "batch_size": _int(batch_size), "data": data, "model": model,
+              "threads": _int(threads), "extra": extra, "output": output}
+    if shares:
+        bench_shares_module.run(rec, **common)
+    else:
+        bench_scaling_module.run(rec, nodes=nodes, **common)
+
+
+@task(name="calibrate", help={
+    "inventory": INVENTORY_HELP,
+    "iters": "Steps on each node (default 10)",
+    "batch_size": "The training run's global batch (default: the config's); each node runs its equal share",
+    "data": "Prepared data directory (default: the bundled pirate demo)",
+    "model": "Model directory on the controller (default: SmolLM2-135M)",
+    "config": "YAML training config the runs will use (its max_seq_length keys the calibration)",
+    "threads": "BLAS threads (default: all cores)",
+    "extra": "More training flags, as invoke train will get them",
+    "output": "JSON file to write (default runs/bench/calibrate-<time>.json)"})
+def bench_calibrate(c, inventory=None, iters=10, batch_size=None, data=None, model=None, config=None,
+                    threads=None, extra="", output=None):
+    """Each node's tokens/s and peak memory at this fine-tune, alone, one node after the other:
+    kept in build/<inventory>/calibration.json for batch_share: auto."""
+    bench_calibrate_module.run(recorded(_inventory(c, inventory)), iters=int(iters),
+                               batch_size=_int(batch_size), data=data, model=model, config=config,
+                               threads=_int(threads), extra=extra, output=output)
 
 
 ns = Collection(provision, hostfile, topology, doctor, train, run, generate, lint, test,
-                Collection("lab", lab_up, lab_down, lab_status),
-                Collection("bench", bench_provision, bench_train, bench_links, bench_scaling),
+                Collection("lab", lab_up, lab_down, lab_status, lab_limit),
+                Collection("bench", bench_provision, bench_train, bench_links, bench_scaling,
+                           bench_calibrate),
                 Collection("data", data_prepare), Collection("model", model_fetch))
 ns.configure({"cluster": {"inventory": "inventory/local/hosts.yml"},
               "lab": {"id": 0, "nodes": 3}})

@@ -58,6 +58,10 @@ class Node:
     # A Mac: the network service of its Thunderbolt Bridge (thunderbolt_macos_service), which
     # links mode turns off.
     bridge_service: str | None = None
+    # Each of its ranks' weight in a global batch (a number, or "auto": from the calibration), and
+    # the most examples a rank of it runs at once (0: no limit); mlxcluster/batch_shares.py.
+    batch_share: float | str | None = None
+    max_micro_batch: int = 0
 
     @property
     def provisioned(self) -> bool:
@@ -245,6 +249,11 @@ class Recorded:
     @property
     def hosts_json(self) -> Path:
         return self.build / "hosts.json"
+
+    @property
+    def calibration(self) -> Path:
+        """invoke bench.calibrate's measures of each node (mlxcluster/batch_shares.py)."""
+        return self.build / "calibration.json"
 
     @property
     def mlx_envs(self) -> list[str]:

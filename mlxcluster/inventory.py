@@ -17,6 +17,7 @@ from typing import Any
 from jinja2 import Undefined
 
 from mlxcluster import topology
+from mlxcluster.batch_shares import cluster_share_errors
 from mlxcluster.topology import INTERFACE_NAME
 
 PLATFORM_GROUPS = ("macs", "linux")
@@ -251,6 +252,7 @@ def inventory_errors(groups: Mapping[str, Sequence[str]],
                           "out of training)")
 
     errors += _cluster_link_errors(groups, cluster, hostvars)
+    errors += cluster_share_errors(cluster, hostvars)
 
     launchers = list(groups.get("launcher") or [])
     if not launchers:

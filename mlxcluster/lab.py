@@ -38,7 +38,7 @@ from pathlib import Path
 
 import yaml
 
-from mlxcluster import lab_cables
+from mlxcluster import lab_cables, lab_limits
 from mlxcluster.errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -359,6 +359,7 @@ def stop_node(lab: Lab, i: int) -> None:
             break
         time.sleep(0.05)
     _run(["ip", "netns", "del", ns], check=False, capture=True)
+    lab_limits.clear(lab.lab_id, i)
     for kind in ("m", "t"):
         outer = f"mlab{lab.lab_id}{kind}{i}"
         if _link_exists(outer):

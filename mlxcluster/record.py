@@ -23,7 +23,7 @@ from typing import Any
 
 from jinja2 import Undefined
 
-from mlxcluster import topology
+from mlxcluster import batch_shares, topology
 from mlxcluster.backends import Choice
 from mlxcluster.cluster import REQUIRED_PATHS, Cluster
 from mlxcluster.inventory import topology_view
@@ -137,6 +137,9 @@ def node_settings(name: str, hostvars: Mapping[str, Any], launcher: str,
         **({"bridge_service": str(get("thunderbolt_macos_service", "Thunderbolt Bridge"))}
            if "macs" in hv["group_names"] else {}),
         "slots": int(get("mpi_slots", 1)),
+        # Validation has checked both (mlxcluster/batch_shares.py).
+        "batch_share": batch_shares.share_value(get("batch_share")),
+        "max_micro_batch": batch_shares.micro_batch_value(get("max_micro_batch")),
         "connection": {
             "type": get("ansible_connection", "ssh"),
             "host": get("ansible_host", name),

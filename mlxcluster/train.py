@@ -13,11 +13,12 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from mlxcluster import doctor, inputs, launch, local, preview, relay, runs, sync
+from mlxcluster import batch_shares, doctor, inputs, launch, local, preview, relay, runs, sync
 from mlxcluster.cluster import Cluster, Recorded, recorded
 from mlxcluster.errors import Interrupted, UserError
 from mlxcluster.paths import REPO, RUNS
@@ -42,6 +43,8 @@ class Request:
     threads: int | None = None
     installed: str | None = None  # the model's path on every node, when provisioning put it there
     mlx_envs: Sequence[str] = ()  # hostfile_mlx_envs, for a hosts file written at launch (JACCL's)
+    # The latest calibration of this model and sequence length (batch_share: auto), if any.
+    calibration: Mapping[str, Any] | None = None
     interactive: bool = field(default_factory=lambda: sys.stdin.isatty() and sys.stdout.isatty())
 
 
@@ -56,6 +59,7 @@ class Plan:
     launch: list[str]
     pull: list[str]
     backend_why: str = ""  # why this backend (mlxcluster/backends.py)
+    shares: batch_shares.Shares | None = None  # None: equal shares, as training does by itself
 
     @property
     def results(self) -> Path:
@@ -90,16 +94,18 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
     run_dir = f"{cluster.head.runs_dir}/{run_id}"
     if resume and (RUNS / run_id / "checkpoints").is_dir():
         steps.append(sync.push_checkpoints(RUNS / run_id, cluster.head, run_dir))
+    shared = batch_shares.for_run(cluster, request.config, request.overrides, request.calibration)
+    # The shares go before the user's flags: a --batch-shares of theirs wins.
     program = finetune_argv(model=placed.model, data=placed.data, adapter_path=run_dir,
                             config=placed.config, resume=resume, world_size=cluster.world_size,
-                            overrides=request.overrides)
+                            overrides=[*(shared.args if shared else []), *request.overrides])
     choice = launch.choice_for(cluster, request.backend)
     backend = choice.backend
     job = launch.Job(program, backend=backend, interface=request.interface,
                      btl_tcp_links=request.btl_tcp_links, threads=request.threads,
                      interactive=request.interactive, mlx_envs=request.mlx_envs)
     return Plan(cluster, request, run_id, resume, backend, steps, launch.command(cluster, job),
-                sync.pull(cluster.head, run_dir, RUNS / run_id), backend_why=choice.why)
+                sync.pull(cluster.head, run_dir, RUNS / run_id), backend_why=choice.why, shares=shared)
 
 
 def show(plan: Plan, notes: Sequence[str] = ()) -> None:
@@ -108,6 +114,8 @@ def show(plan: Plan, notes: Sequence[str] = ()) -> None:
         print(f"# {note}")
     if plan.backend_why:
         print(f"# backend {plan.backend}: {plan.backend_why}")
+    if plan.shares:
+        print(f"# {shares_line(plan.shares)}")
     sync.run_steps(plan.steps, dry_run=True)
     print(f"# launch on {plan.cluster.head.name}\n{shlex.join(plan.launch)}")
     print(f"# bring the results back\n{shlex.join(plan.pull)}")
@@ -129,6 +137,13 @@ def _why(plan: Plan, output: str) -> str:
     return why
 
 
+def shares_line(shared: batch_shares.Shares) -> str:
+    line = f"batch shares {','.join(map(str, shared.shares))} ({shared.why})"
+    if any(shared.limits):
+        line += f"; at most {','.join(map(str, shared.limits))} examples at once (max_micro_batch)"
+    return line
+
+
 def execute(plan: Plan, inventory: str) -> Path:
     """Sync, launch on every slot, bring the results back: runs/<id>. Raises TrainFailed when
     training fails (what arrived is still kept in runs/<id>), Interrupted on Ctrl-C."""
@@ -138,6 +153,8 @@ def execute(plan: Plan, inventory: str) -> Path:
     how = "one process, no launcher" if plan.backend == "direct" else plan.backend
     if plan.backend != "direct" and plan.backend_why:
         print(f"==> backend {plan.backend}: {plan.backend_why}", flush=True)
+    if plan.shares:
+        print(f"==> {shares_line(plan.shares)}", flush=True)
     print(f"==> {'resuming run ' + plan.run_id if plan.resume else 'training'} on {ranks} ({how}); "
           "rank 0 reports:", flush=True)
     info = {"inventory": inventory, "model": str(plan.request.model.resolve()),
@@ -147,6 +164,8 @@ def execute(plan: Plan, inventory: str) -> Path:
             # As launched (a resume launches the same way); one rank alone runs directly.
             "backend": "mpi" if plan.backend == "direct" else plan.backend,
             "backend_why": plan.backend_why,
+            "batch_shares": plan.shares.shares if plan.shares else None,
+            "batch_shares_why": plan.shares.why if plan.shares else None,
             "status": "running", "exit_code": None,
             "wall_time_s": None, "sync_s": round(time.perf_counter() - synced, 1),
             "launch": shlex.join(plan.launch)}
@@ -241,7 +260,17 @@ def request_for(rec: Recorded, options: Options, *, fetch: bool) -> Request:
     return Request(data, model, config, overrides, options.backend, options.interface,
                    int(options.btl_tcp_links) if options.btl_tcp_links else None,
                    int(options.threads) if options.threads else None,
-                   installed["path"] if installed else None, mlx_envs=rec.mlx_envs)
+                   installed["path"] if installed else None, mlx_envs=rec.mlx_envs,
+                   calibration=calibration_for(rec, model, config, overrides))
+
+
+def calibration_for(rec: Recorded, model: Path, config: Path | None,
+                    overrides: Sequence[str]) -> Mapping[str, Any] | None:
+    """The latest calibration of this model and sequence length, when a node's batch_share is auto."""
+    if not any(n.batch_share == batch_shares.AUTO for n in rec.cluster.training_nodes):
+        return None
+    settings = batch_shares.run_settings(config, overrides)
+    return batch_shares.latest_calibration(rec.calibration, batch_shares.calibration_key(model, settings))
 
 
 def train(inventory: str, options: Options) -> Path | None:

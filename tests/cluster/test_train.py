@@ -19,8 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
-from mlxcluster import lab, paths
+from mlxcluster import lab, lab_limits, paths
 from tests.cluster.conftest import LabCluster, sub_cluster
 
 pytestmark = pytest.mark.cluster
@@ -334,6 +335,50 @@ def test_every_part_of_bench_train_runs_and_reports(provisioned, tiny_inputs):
     finally:
         for run_dir in made:
             shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def test_a_slowed_node_gets_a_smaller_share_from_its_calibration(provisioned, tiny_inputs, tmp_path):
+    """batch_share: auto on both nodes, as a user with a slower Mac sets it. node2 runs at 30 % of a
+    core (a control group over its processes); its calibration is slower, so each global batch
+    gives it fewer examples, and the ranks still end with the same weights."""
+    model_dir, data_dir = tiny_inputs
+    inputs = ["--model", str(model_dir), "--data", str(data_dir)]
+    tiny = "--steps-per-report 2 --steps-per-eval 6 --val-batches 1 --num-layers 2 --max-seq-length 512"
+    original = provisioned.inventory.read_text()
+    inventory = yaml.safe_load(original)
+    for host in inventory["cluster"]["children"]["linux"]["hosts"].values():
+        host["batch_share"] = "auto"
+    provisioned.inventory.write_text(yaml.safe_dump(inventory))
+    lab_limits.set_limits(provisioned.lab, 2, cpu_percent=30)
+    try:
+        recorded = provisioned.playbook("--tags", "hostfile")  # the record takes the new setting
+        assert recorded.returncode == 0, json.dumps(recorded.failures, indent=1)
+        unknown = invoke_train(provisioned, *inputs, "--dry-run", "--extra", tiny)
+        assert unknown.returncode != 0 and "run invoke bench.calibrate" in unknown.stderr, unknown.stderr
+        calibrated = subprocess.run(
+            [INVOKE, "bench.calibrate", "-i", str(provisioned.inventory), *inputs, "--iters", "6",
+             "--batch-size", "8", "--extra", tiny, "--output", str(tmp_path / "calibrate.json")],
+            cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
+        assert calibrated.returncode == 0, calibrated.stdout[-3000:] + calibrated.stderr[-3000:]
+        speeds = json.loads((tmp_path / "calibrate.json").read_text())["nodes"]
+        assert speeds["node2"]["tokens_per_second"] < 0.8 * speeds["node1"]["tokens_per_second"], speeds
+        run_dir = finished_run(invoke_train(provisioned, *inputs, "--iters", "4", "--batch-size", "8",
+                                            "--extra", tiny))
+        try:
+            summary = json.loads((run_dir / "summary.json").read_text())
+            shares = summary["batch"]["shares"]
+            assert sum(shares) == 8 and shares[0] > shares[1] >= 1, shares
+            assert summary["max_weight_difference_across_ranks"] == 0.0
+            info = json.loads((run_dir / "run.json").read_text())
+            assert info["batch_shares"] == shares and info["batch_shares_why"].startswith(
+                "from the calibration of ")
+            print(f"calibrated tokens/s: {speeds}; shares of 8: {shares}")
+        finally:
+            shutil.rmtree(run_dir, ignore_errors=True)
+    finally:
+        lab_limits.set_limits(provisioned.lab, 2, off=True)
+        provisioned.inventory.write_text(original)
+        assert provisioned.playbook("--tags", "hostfile").returncode == 0
 
 
 def test_train_stops_before_launching_when_a_node_is_down(provisioned, tmp_path):

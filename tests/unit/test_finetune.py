@@ -37,8 +37,9 @@ def test_main_stops_on_a_batch_the_ranks_cannot_share_before_loading_the_model(
     monkeypatch.setattr(ft, "load", lambda *a, **k: pytest.fail("the model was loaded"))
 
     assert ft.main(["--batch-size", "3"], environ={}) == 2
-    assert "rank 0: error: invalid settings:\n  a global batch of 3 cannot give each of 4 ranks an example" in (
-        capsys.readouterr().err
+    assert (
+        "rank 0: error: invalid settings:\n  a global batch of 3 cannot give each of 4 ranks an example"
+        in capsys.readouterr().err
     )
 
 

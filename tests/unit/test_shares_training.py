@@ -113,3 +113,20 @@ def test_shares_and_micro_batches_together_on_two_ranks(uneven_run: Path):
     assert result.returncode == 0, result.stdout + result.stderr
     diff = max_difference(root / "single", root / "both")
     assert diff < 1e-4, diff
+
+
+def test_a_run_in_micro_batches_resumes_to_the_adapters_of_an_uninterrupted_one(uneven_run: Path):
+    from tests.unit.test_finetune import interrupted_copy
+
+    root = uneven_run
+    if not (root / "micro").exists():
+        pytest.skip("needs the micro-batch run of test_micro_batches_train_the_adapters_...")
+    resumed = interrupted_copy(root / "micro", root / "micro-resumed", at_step=6)
+    args = training_args(root / "model", root / "data", resumed, "--resume", "--max-micro-batch", "1")
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        assert ft.main(args, environ={}) == 0
+    assert f"resuming from {resumed}/checkpoints/0000006 (step 6 of 10)" in out.getvalue()
+    diff = max_difference(root / "micro", resumed)
+    assert diff < 1e-6, diff
+    assert [r["iteration"] for r in report.read_metrics(resumed / "metrics.jsonl") if "train_loss" in r] == [
+        2, 4, 6, 8, 10]

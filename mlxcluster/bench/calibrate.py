@@ -1,0 +1,105 @@
+"""`invoke bench.calibrate`: each node's own speed and memory at this fine-tune, for batch_share: auto.
+
+Every node that trains runs a few steps of the configured model alone, one node after the other (on
+a shared machine two at once would slow each other), launched exactly as `invoke train` launches:
+one rank, its share of the run's global batch. Its tokens/s (past the first report, which compiles)
+and peak memory go into build/<inventory>/calibration.json under the model's manifest digest and
+the sequence length, where `invoke train` finds the latest one (mlxcluster/batch_shares.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlxcluster import batch_shares, doctor, inputs, train
+from mlxcluster.bench import results
+from mlxcluster.cluster import Cluster, Node, Recorded
+from training.config import FinetuneConfig
+
+
+def alone(node: Node) -> Cluster:
+    """`node` as a cluster of its own: the launcher, with one rank, which takes the whole batch
+    (its max_micro_batch still holds)."""
+    return Cluster(node.name, (dataclasses.replace(node, slots=1, batch_share=None),))
+
+
+def node_row(node: str, summary: Mapping[str, Any]) -> dict[str, Any]:
+    return {"tokens_per_second": round(float(summary["tokens_per_second"]), 1),
+            "peak_memory_gb": round(float(summary.get("peak_memory_gb") or 0.0), 3)}
+
+
+def table(entry: Mapping[str, Any]) -> Any:
+    from rich.table import Table
+
+    fastest = max(n["tokens_per_second"] for n in entry["nodes"].values()) or 1.0
+    t = Table(title=f"calibration: {entry['model']}, {entry['examples_per_step']} examples per step, "
+                    f"max_seq_length {entry['max_seq_length']}")
+    for name in ("node", "tokens/s", "of the fastest", "peak memory"):
+        t.add_column(name, justify="right" if name != "node" else "left")
+    for name, n in entry["nodes"].items():
+        t.add_row(name, f"{n['tokens_per_second']:,.0f}", f"{n['tokens_per_second'] / fastest:.0%}",
+                  f"{n['peak_memory_gb']:.2f} GB")
+    return t
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a calibration runs: the settings it is valid for, and each node's run."""
+
+    settings: FinetuneConfig
+    per_rank: int  # examples per step: a rank's equal share of the run's global batch
+    iters: int
+    request: train.Request
+
+
+def plan(rec: Recorded, *, iters: int, batch_size: int | None, data: str | None, model: str | None,
+         config: str | None, threads: int | None, extra: str) -> Plan:
+    data_dir, model_dir = inputs.resolve(rec.cluster, data, model)
+    config_file = Path(config).resolve() if config else None
+    settings = batch_shares.run_settings(config_file, shlex.split(extra))
+    global_batch = batch_size or settings.batch_size
+    per_rank = max(1, math.ceil(global_batch / max(rec.cluster.world_size, 1)))
+    overrides = ["--iters", str(iters), "--batch-size", str(per_rank), "--steps-per-report", "2",
+                 "--steps-per-eval", str(iters), "--save-every", str(iters), "--val-batches", "1",
+                 *shlex.split(extra)]
+    request = train.Request(data_dir, model_dir, config_file, overrides=overrides, threads=threads)
+    return Plan(settings, per_rank, iters, request)
+
+
+def measure(rec: Recorded, the_plan: Plan) -> dict[str, Any]:
+    """Every training node alone, one after the other: the calibration entry (not yet kept)."""
+    doctor.preflight(rec.cluster, inputs.model_bytes(the_plan.request.model))
+    nodes, run_dirs = {}, {}
+    for node in rec.cluster.training_nodes:
+        print(f"==> calibrate: {node.name} alone, {the_plan.per_rank} example"
+              f"{'s' if the_plan.per_rank > 1 else ''} per step", flush=True)
+        run_dir = train.launch_run(alone(node), the_plan.request, rec.inventory)
+        run_dirs[node.name] = str(run_dir)
+        nodes[node.name] = node_row(node.name, json.loads((run_dir / "summary.json").read_text()))
+    model = the_plan.request.model
+    return {"date": results.date(), **batch_shares.calibration_key(model, the_plan.settings),
+            "model": model.name, "examples_per_step": the_plan.per_rank, "iters": the_plan.iters,
+            "nodes": nodes, "runs": run_dirs}
+
+
+def run(rec: Recorded, *, iters: int = 10, batch_size: int | None = None, data: str | None = None,
+        model: str | None = None, config: str | None = None, threads: int | None = None,
+        extra: str = "", output: str | None = None) -> Path:
+    """invoke bench.calibrate: measure every node; keep the figures in calibration.json; the JSON
+    written."""
+    from rich.console import Console
+
+    entry = measure(rec, plan(rec, iters=iters, batch_size=batch_size, data=data, model=model,
+                              config=config, threads=threads, extra=extra))
+    batch_shares.add_calibration(rec.calibration, entry)
+    out = results.write("calibrate", {"benchmark": "calibrate", "inventory": rec.inventory, **entry}, output)
+    Console(width=max(Console().width, 100)).print(table(entry))
+    print(f"wrote {out}; invoke train takes batch_share: auto from {rec.calibration}")
+    return out
