@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 from mlx_lm.tuner import trainer
 
@@ -91,9 +93,6 @@ def target_mask(batch: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 def summed_loss(model: Any, batch: Any, lengths: Any, scale: Any) -> tuple[Any, Any]:
     """mlx-lm's default_loss as a sum over the target tokens, times `scale`; and the token count."""
-    import mlx.core as mx
-    import mlx.nn as nn
-
     inputs, targets = batch[:, :-1], batch[:, 1:]
     logits = model(inputs)
     steps = mx.arange(1, targets.shape[1] + 1)
@@ -149,8 +148,6 @@ class SharedBatches:
         seed: int | None = None,  # mlx-lm's signature; the order's seed is ours
         comm_group: Any = None,
     ) -> Iterator[Any]:
-        import mlx.core as mx
-
         rank = comm_group.rank() if comm_group is not None else 0
         whole = seeded_iterate_batches(self.order_seed, self.skip)(
             dataset, batch_size, max_seq_length, loop=loop, comm_group=None)
