@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -186,7 +186,7 @@ class RankChecks:
     weight_spread: float  # largest difference of any rank's LoRA weights from rank 0's
     ranks_with_openblas: int
     gradient_sync_seconds: float  # one all-reduce of the gradients, timed alone
-    rank_tokens: list[int] = field(default_factory=list)  # tokens each rank trained on, in rank order
+    rank_tokens: list[int]  # tokens each rank trained on, in rank order
 
 
 def per_rank(value: float, group: Any) -> list[float]:
