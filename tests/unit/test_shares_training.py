@@ -85,12 +85,19 @@ def test_two_ranks_with_shares_3_to_1_train_the_adapters_of_one_process(uneven_r
     print(f"max abs difference, 1 process against 2 ranks at 3:1: {diff:.3g}")
 
 
-def test_micro_batches_train_the_adapters_of_the_whole_batch_at_once(uneven_run: Path):
+@pytest.fixture(scope="module")
+def micro_run(uneven_run: Path) -> str:
+    """The single-process run again, one example at a time (4 micro-batches a step); its output."""
     root = uneven_run
     with contextlib.redirect_stdout(io.StringIO()) as out:
         code = ft.main(training_args(root / "model", root / "data", root / "micro", "--max-micro-batch", "1"),
                        environ={})
     assert code == 0
+    return out.getvalue()
+
+
+def test_micro_batches_train_the_adapters_of_the_whole_batch_at_once(uneven_run: Path, micro_run: str):
+    root = uneven_run
     diff = max_difference(root / "single", root / "micro")
     assert diff < 1e-4, diff
     # Reports, validations and checkpoints come at the same steps as without micro-batches.
@@ -99,7 +106,7 @@ def test_micro_batches_train_the_adapters_of_the_whole_batch_at_once(uneven_run:
     for key in ("train_loss", "val_loss"):
         assert losses(root / "micro", key) == pytest.approx(losses(root / "single", key), abs=1e-4)
     assert sorted(p.name for p in (root / "micro" / "checkpoints").iterdir()) == ["0000006", "0000010"]
-    assert "iter  2/10  loss " in out.getvalue() and "done: 10 iterations on 1 rank" in out.getvalue()
+    assert "iter  2/10  loss " in micro_run and "done: 10 iterations on 1 rank" in micro_run
 
 
 def test_shares_and_micro_batches_together_on_two_ranks(uneven_run: Path):
@@ -115,12 +122,11 @@ def test_shares_and_micro_batches_together_on_two_ranks(uneven_run: Path):
     assert diff < 1e-4, diff
 
 
-def test_a_run_in_micro_batches_resumes_to_the_adapters_of_an_uninterrupted_one(uneven_run: Path):
+def test_a_run_in_micro_batches_resumes_to_the_adapters_of_an_uninterrupted_one(uneven_run: Path,
+                                                                               micro_run: str):
     from tests.unit.test_finetune import interrupted_copy
 
     root = uneven_run
-    if not (root / "micro").exists():
-        pytest.skip("needs the micro-batch run of test_micro_batches_train_the_adapters_...")
     resumed = interrupted_copy(root / "micro", root / "micro-resumed", at_step=6)
     args = training_args(root / "model", root / "data", resumed, "--resume", "--max-micro-batch", "1")
     with contextlib.redirect_stdout(io.StringIO()) as out:
