@@ -250,13 +250,14 @@ def train(
     final_partial = out / ".adapters.partial.safetensors"
     cut = batch_plan(config, group.size())
     batches = SharedBatches(config.seed, cut.shares, cut.micro_batches, skip=first_step)
+    args = training_args(config, first_step, final_partial, cut.micro_batches)
     with _replaced(trainer, "TrainUI", lambda *_, **__: display):
         trainer.train(
             model=loaded.model,
             optimizer=optimizer,
             train_dataset=CacheDataset(loaded.train_set),
             val_dataset=loaded.valid,
-            args=training_args(config, first_step, final_partial, cut.micro_batches),
+            args=args,
             loss=summed_loss,
             iterate_batches=batches,
             training_callback=MicroSteps(callback, cut.micro_batches) if cut.micro_batches > 1 else callback,
@@ -271,7 +272,7 @@ def train(
         loaded.model,
         loaded.valid,
         config.batch_size,
-        training_args(config, first_step, final_partial, cut.micro_batches).val_batches,
+        args.val_batches,
         max_seq_length=config.max_seq_length,
         loss=summed_loss,
         iterate_batches=batches,

@@ -30,7 +30,7 @@ def alone(node: Node) -> Cluster:
     return Cluster(node.name, (dataclasses.replace(node, slots=1, batch_share=None),))
 
 
-def node_row(node: str, summary: Mapping[str, Any]) -> dict[str, Any]:
+def node_row(summary: Mapping[str, Any]) -> dict[str, Any]:
     return {"tokens_per_second": round(float(summary["tokens_per_second"]), 1),
             "peak_memory_gb": round(float(summary.get("peak_memory_gb") or 0.0), 3)}
 
@@ -82,7 +82,7 @@ def measure(rec: Recorded, the_plan: Plan) -> dict[str, Any]:
               f"{'s' if the_plan.per_rank > 1 else ''} per step", flush=True)
         run_dir = train.launch_run(alone(node), the_plan.request, rec.inventory)
         run_dirs[node.name] = str(run_dir)
-        nodes[node.name] = node_row(node.name, json.loads((run_dir / "summary.json").read_text()))
+        nodes[node.name] = node_row(json.loads((run_dir / "summary.json").read_text()))
     model = the_plan.request.model
     return {"date": results.date(), **batch_shares.calibration_key(model, the_plan.settings),
             "model": model.name, "examples_per_step": the_plan.per_rank, "iters": the_plan.iters,

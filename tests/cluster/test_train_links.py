@@ -19,7 +19,7 @@ import pytest
 
 from mlxcluster import lab, paths
 from tests.cluster.conftest import TEST_LAB_ID, LabCluster
-from tests.cluster.test_train import INVOKE, REPO, finetune_pids, finished_run
+from tests.cluster.test_train import INVOKE, REPO, finetune_pids, finished_run, invoke_train
 
 pytestmark = pytest.mark.cluster
 
@@ -97,11 +97,8 @@ def test_ring_training_runs_over_every_cable(cabled, tiny_inputs):
     model_dir, data_dir = tiny_inputs
     before = cable_bytes(cabled)
     # --backend auto (the default): a ring of cables, no RDMA on Linux: ring, and it says why.
-    proc = subprocess.run(
-        [INVOKE, "train", "-i", str(cabled.inventory), "--model", str(model_dir),
-         "--data", str(data_dir), "--iters", "6", "--batch-size", "3", "--extra",
-         TINY_RUN + " --steps-per-eval 6"],
-        cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
+    proc = invoke_train(cabled, "--model", str(model_dir), "--data", str(data_dir), "--iters", "6",
+                        "--batch-size", "3", "--extra", TINY_RUN + " --steps-per-eval 6", timeout=600)
     run_dir = finished_run(proc)
     try:
         summary = json.loads((run_dir / "summary.json").read_text())
@@ -124,11 +121,9 @@ def test_mpi_trains_over_a_full_mesh_of_cables(cabled, tiny_inputs):
     # A ring of three is a full mesh: Open MPI may try any of a peer's addresses, and each is
     # routed across the cable to that peer.
     model_dir, data_dir = tiny_inputs
-    proc = subprocess.run(
-        [INVOKE, "train", "-i", str(cabled.inventory), "--backend", "mpi", "--model", str(model_dir),
-         "--data", str(data_dir), "--iters", "4", "--batch-size", "3", "--extra",
-         TINY_RUN + " --steps-per-eval 4"],
-        cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
+    proc = invoke_train(cabled, "--backend", "mpi", "--model", str(model_dir), "--data", str(data_dir),
+                        "--iters", "4", "--batch-size", "3", "--extra", TINY_RUN + " --steps-per-eval 4",
+                        timeout=600)
     run_dir = finished_run(proc)
     try:
         summary = json.loads((run_dir / "summary.json").read_text())
