@@ -144,21 +144,20 @@ def model_fetch(c, source=inputs.DEFAULT_MODEL, output=None, dtype=None):
     "interface": "Interface MPI traffic is pinned to (default: the Thunderbolt interface)",
     "btl_tcp_links": "TCP connections per peer for Open MPI (btl_tcp_links)",
     "threads": "BLAS threads per rank (default: all cores, or 1 when a node has several slots)",
+    "parallel": "data (default: a whole model per rank) or tensor (each rank a shard of the model)",
     "resume": "Continue an interrupted run from its latest checkpoint: --resume (the latest "
               "unfinished run in runs/) or --resume=RUN_ID; its data, model and settings are kept",
     "dry_run": "Print every command and touch no host"}, optional=["resume"])
 def train(c, inventory=None, config=None, data=None, model=None, iters=None, batch_size=None,
           extra="", backend=None, interface=None, btl_tcp_links=None, threads=None,
-          resume=None, dry_run=False):
+          parallel=None, resume=None, dry_run=False):
     """Fine-tune on the cluster: sync data, code and model, mpirun on every slot, fetch results."""
     results = training.train(_inventory(c, inventory), training.Options(
         config=config, data=data, model=model, iters=_int(iters), batch_size=_int(batch_size),
         extra=extra, backend=backend, interface=interface, btl_tcp_links=_int(btl_tcp_links),
-        threads=_int(threads), resume=resume, dry_run=dry_run))
+        threads=_int(threads), parallel=parallel, resume=resume, dry_run=dry_run))
     if results:
-        from rich.console import Console
-
-        Console().print(runs.summary_table(results))
+        runs.print_summary(results)
 
 
 @task(help={"inventory": INVENTORY_HELP,

@@ -201,7 +201,7 @@ def for_run(cluster: Cluster, config: Path | None, overrides: Sequence[str],
     if not asked(cluster):
         return None
     settings = run_settings(config, overrides)
-    if settings.batch_shares:
+    if settings.batch_shares or settings.parallel == "tensor":  # tensor: all ranks take the whole batch
         return None
     ranks = _ranks(cluster)
     given, source = weights(cluster, calibration)

@@ -98,6 +98,12 @@ def base_model(run: Path) -> str:
     return read_info(run)["model"]
 
 
+def print_summary(results: Path) -> None:
+    from rich.console import Console
+
+    Console().print(summary_table(results))
+
+
 def summary_table(results: Path) -> Any:
     """A rich table of a finished run: its summary numbers and where its files are."""
     from rich.table import Table

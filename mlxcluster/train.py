@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlxcluster import batch_shares, doctor, inputs, launch, local, preview, relay, runs, sync
+from mlxcluster import batch_shares, doctor, inputs, launch, local, parallel, preview, relay, runs, sync
 from mlxcluster.cluster import Cluster, Recorded, recorded
 from mlxcluster.errors import Interrupted, UserError
 from mlxcluster.paths import REPO, RUNS
@@ -45,6 +45,7 @@ class Request:
     mlx_envs: Sequence[str] = ()  # hostfile_mlx_envs, for a hosts file written at launch (JACCL's)
     # The latest calibration of this model and sequence length (batch_share: auto), if any.
     calibration: Mapping[str, Any] | None = None
+    parallel: str = "data"  # or tensor, as the config and flags say (mlxcluster/parallel.py)
     interactive: bool = field(default_factory=lambda: sys.stdin.isatty() and sys.stdout.isatty())
 
 
@@ -60,6 +61,7 @@ class Plan:
     pull: list[str]
     backend_why: str = ""  # why this backend (mlxcluster/backends.py)
     shares: batch_shares.Shares | None = None  # None: equal shares, as training does by itself
+    parallel: str = "data"  # or tensor: how the ranks split the work (mlxcluster/parallel.py)
 
     @property
     def results(self) -> Path:
@@ -94,6 +96,7 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
     run_dir = f"{cluster.head.runs_dir}/{run_id}"
     if resume and (RUNS / run_id / "checkpoints").is_dir():
         steps.append(sync.push_checkpoints(RUNS / run_id, cluster.head, run_dir))
+    parallel.check(cluster, request.model, request.parallel)
     shared = batch_shares.for_run(cluster, request.config, request.overrides, request.calibration)
     # The shares go before the user's flags: a --batch-shares of theirs wins.
     program = finetune_argv(model=placed.model, data=placed.data, adapter_path=run_dir,
@@ -105,7 +108,8 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
                      btl_tcp_links=request.btl_tcp_links, threads=request.threads,
                      interactive=request.interactive, mlx_envs=request.mlx_envs)
     return Plan(cluster, request, run_id, resume, backend, steps, launch.command(cluster, job),
-                sync.pull(cluster.head, run_dir, RUNS / run_id), backend_why=choice.why, shares=shared)
+                sync.pull(cluster.head, run_dir, RUNS / run_id), backend_why=choice.why, shares=shared,
+                parallel=request.parallel)
 
 
 def show(plan: Plan, notes: Sequence[str] = ()) -> None:
@@ -116,6 +120,8 @@ def show(plan: Plan, notes: Sequence[str] = ()) -> None:
         print(f"# backend {plan.backend}: {plan.backend_why}")
     if plan.shares:
         print(f"# {shares_line(plan.shares)}")
+    if tensor := parallel.line(plan.cluster, plan.parallel):
+        print(f"# {tensor}")
     sync.run_steps(plan.steps, dry_run=True)
     print(f"# launch on {plan.cluster.head.name}\n{shlex.join(plan.launch)}")
     print(f"# bring the results back\n{shlex.join(plan.pull)}")
@@ -155,6 +161,8 @@ def execute(plan: Plan, inventory: str) -> Path:
         print(f"==> backend {plan.backend}: {plan.backend_why}", flush=True)
     if plan.shares:
         print(f"==> {shares_line(plan.shares)}", flush=True)
+    if tensor := parallel.line(plan.cluster, plan.parallel):
+        print(f"==> {tensor}", flush=True)
     print(f"==> {'resuming run ' + plan.run_id if plan.resume else 'training'} on {ranks} ({how}); "
           "rank 0 reports:", flush=True)
     info = {"inventory": inventory, "model": str(plan.request.model.resolve()),
@@ -166,6 +174,7 @@ def execute(plan: Plan, inventory: str) -> Path:
             "backend_why": plan.backend_why,
             "batch_shares": plan.shares.shares if plan.shares else None,
             "batch_shares_why": plan.shares.why if plan.shares else None,
+            "parallel": plan.parallel,
             "status": "running", "exit_code": None,
             "wall_time_s": None, "sync_s": round(time.perf_counter() - synced, 1),
             "launch": shlex.join(plan.launch)}
@@ -220,6 +229,7 @@ class Options:
     interface: str | None = None
     btl_tcp_links: int | None = None
     threads: int | None = None
+    parallel: str | None = None  # data or tensor (None: the config's, data by default)
     resume: str | bool | None = None  # True: the latest unfinished run
     dry_run: bool = False
 
@@ -257,11 +267,13 @@ def request_for(rec: Recorded, options: Options, *, fetch: bool) -> Request:
         overrides += ["--iters", str(options.iters)]
     if options.batch_size:
         overrides += ["--batch-size", str(options.batch_size)]
+    overrides += parallel.flags(options.parallel)
     return Request(data, model, config, overrides, options.backend, options.interface,
                    int(options.btl_tcp_links) if options.btl_tcp_links else None,
                    int(options.threads) if options.threads else None,
                    installed["path"] if installed else None, mlx_envs=rec.mlx_envs,
-                   calibration=calibration_for(rec, model, config, overrides))
+                   calibration=calibration_for(rec, model, config, overrides),
+                   parallel=batch_shares.run_settings(config, overrides).parallel)
 
 
 def calibration_for(rec: Recorded, model: Path, config: Path | None,

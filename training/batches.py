@@ -101,6 +101,13 @@ def summed_loss(model: Any, batch: Any, lengths: Any, scale: Any) -> tuple[Any, 
     return ce * scale, mask.sum()
 
 
+def uncounted_loss(model: Any, batch: Any, lengths: Any, scale: Any) -> tuple[Any, Any]:
+    """`summed_loss`, counting no tokens: for the ranks that compute a batch another rank counts
+    (tensor parallelism), so that the trainer's sums across ranks count each token once."""
+    loss, tokens = summed_loss(model, batch, lengths, scale)
+    return loss, tokens * 0
+
+
 def _rows(batch: np.ndarray, lengths: np.ndarray, rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """Some rows of a padded batch, cut to the padding mlx-lm would give them alone (their
     targets are the same); none: one empty row, which no target counts."""
@@ -133,10 +140,13 @@ class SharedBatches:
     batches (sorted by length, padded, in the seed's order; see `seeded_iterate_batches`), each
     cut into this rank's share (`shares`: examples per rank, summing to the batch size) and that
     into `micro` micro-batches. Every global batch gives every rank `micro` batches.
-    `trained_tokens` counts the target tokens this rank has been given to train on."""
+    `trained_tokens` counts the target tokens this rank has been given to train on.
+    `data_group`: the ranks that split the batch (None: the trainer's, all of them)."""
 
-    def __init__(self, order_seed: int, shares: list[int], micro: int = 1, skip: int = 0):
+    def __init__(self, order_seed: int, shares: list[int], micro: int = 1, skip: int = 0,
+                 data_group: Any = None):
         self.order_seed, self.shares, self.micro, self.skip = order_seed, shares, micro, skip
+        self.data_group = data_group
         self.trained_tokens = 0
 
     def __call__(
@@ -148,7 +158,8 @@ class SharedBatches:
         seed: int | None = None,  # mlx-lm's signature; the order's seed is ours
         comm_group: Any = None,
     ) -> Iterator[Any]:
-        rank = comm_group.rank() if comm_group is not None else 0
+        group = self.data_group or comm_group
+        rank = group.rank() if group is not None else 0
         whole = seeded_iterate_batches(self.order_seed, self.skip)(
             dataset, batch_size, max_seq_length, loop=loop, comm_group=None)
         for batch, lengths in whole:

@@ -25,6 +25,7 @@ from training import shares
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "lora.yaml"
 LR_SCHEDULES = ("none", "cosine")
+PARALLEL_MODES = ("data", "tensor")
 
 
 class ConfigError(ValueError):
@@ -41,6 +42,12 @@ class FinetuneConfig:
     iters: int = field(default=200, metadata={"help": "optimizer steps"})
     batch_size: int = field(
         default=4, metadata={"help": "GLOBAL batch: examples per step over all ranks, at least one each"}
+    )
+    parallel: str = field(
+        default="data",
+        metadata={"help": "data: every rank holds the whole model and trains on its share of each batch; "
+                  "tensor: every rank holds a shard of the model (attention heads, MLP) and all train on "
+                  "the whole batch, for a model too big for one machine"},
     )
     batch_shares: str | None = field(
         default=None,
@@ -166,6 +173,11 @@ def config_problems(config: FinetuneConfig, world_size: int = 1) -> list[str]:
     for key in ("num_layers", "val_batches"):
         if getattr(config, key) != -1 and getattr(config, key) < 1:
             problems.append(f"{key} must be -1 (all) or at least 1, got {getattr(config, key)}")
+    if config.parallel not in PARALLEL_MODES:
+        problems.append(f"parallel must be one of {', '.join(PARALLEL_MODES)}, got {config.parallel!r}")
+    elif config.parallel == "tensor" and world_size < 2:
+        problems.append("parallel tensor needs at least 2 ranks to shard the model across; one process "
+                        "trains with parallel data")
     if config.batch_size >= 1:
         try:
             batch_plan(config, world_size)
@@ -201,9 +213,16 @@ class BatchPlan:
         return len(set(self.shares)) == 1 and self.micro_batches == 1
 
 
+def data_ranks(config: FinetuneConfig, world_size: int) -> int:
+    """The ranks that split each batch: all of them in data parallelism; in tensor parallelism every
+    rank computes the whole batch, as one."""
+    return 1 if config.parallel == "tensor" else world_size
+
+
 def batch_plan(config: FinetuneConfig, world_size: int) -> BatchPlan:
     """The shares and micro-batches of `config` on `world_size` ranks (a ShareError says what
     is wrong with them)."""
+    world_size = data_ranks(config, world_size)
     if config.batch_shares:
         cut = shares.parse(config.batch_shares, world_size, "batch_shares")
         if 0 in cut or sum(cut) != config.batch_size:

@@ -137,11 +137,11 @@ def wait_for_every_rank(group: Group) -> None:
 # --- at the end of a run ---------------------------------------------------------------------------
 
 
-def weight_spread_across_ranks(model: nn.Module, group: Any) -> float:
-    """Largest difference between any rank's trainable weights and rank 0's (0.0 alone)."""
-    if group.size() == 1:
+def weight_spread_across_ranks(weights: Mapping[str, mx.array], group: Any) -> float:
+    """Largest difference between any rank's `weights` and rank 0's (0.0 alone)."""
+    if group.size() == 1 or not weights:
         return 0.0
-    flat = mx.concatenate([p.flatten() for _, p in tree_flatten(model.trainable_parameters())])
+    flat = mx.concatenate([weights[name].flatten() for name in sorted(weights)])
     gathered = mx.distributed.all_gather(flat[None].astype(mx.float32), group=group, stream=mx.cpu)
     return float(mx.max(mx.abs(gathered - gathered[:1])).item())
 
@@ -187,6 +187,7 @@ class RankChecks:
     ranks_with_openblas: int
     gradient_sync_seconds: float  # one all-reduce of the gradients, timed alone
     rank_tokens: list[int]  # tokens each rank trained on, in rank order
+    peak_memory_gb: list[float]  # each rank's peak memory, in rank order
 
 
 def per_rank(value: float, group: Any) -> list[float]:
@@ -197,11 +198,14 @@ def per_rank(value: float, group: Any) -> list[float]:
     return [float(v) for v in mx.distributed.all_gather(mine, group=group, stream=mx.cpu).tolist()]
 
 
-def check_ranks(model: nn.Module, group: Any, trained_tokens: int = 0) -> RankChecks:
+def check_ranks(model: nn.Module, group: Any, trained_tokens: int, layout: Any) -> RankChecks:
     """Compare the ranks after training: collectives, called by every rank in the same order.
-    `trained_tokens`: the tokens this rank trained on."""
-    # Every rank must end with the same LoRA weights (mlx-lm averages the gradients): check it.
-    spread = weight_spread_across_ranks(model, group)
+    `trained_tokens`: the tokens this rank trained on. `layout` (training/tensor_parallel.py): which
+    weights every rank holds whole, and the ranks that average gradients."""
+    # Every rank must end with the same replicated LoRA weights (mlx-lm averages the gradients in
+    # data parallelism; in tensor parallelism they get equal gradients): check it.
+    spread = weight_spread_across_ranks(layout.replicated(model), group)
     openblas = ranks_with_openblas(group)
     tokens = [round(t) for t in per_rank(trained_tokens, group)]
-    return RankChecks(spread, openblas, gradient_sync_seconds(model, group), tokens)
+    peaks = per_rank(mx.get_peak_memory() / 1e9, group)
+    return RankChecks(spread, openblas, gradient_sync_seconds(model, layout.data_group), tokens, peaks)

@@ -11,7 +11,10 @@ command line flags (one per key: `--batch-size 8`, `--grad-checkpoint` / `--no-g
 mlx-lm's trainer already does the data parallelism, so this module does not redo it: each rank gets
 every N-th example of each global batch (`batch_size` is the GLOBAL batch and must be divisible by
 the world size), gradients are averaged across ranks by the trainer (never average them again),
-losses and token counts are summed across ranks, and only rank 0 saves adapters.
+losses and token counts are summed across ranks, and only rank 0 saves adapters. With
+`parallel: tensor` the ranks split the model instead of the batch (`training/tensor_parallel.py`):
+each holds a shard of every layer, all compute the whole batch, nothing is averaged, each batch's
+tokens are counted once, and sharded adapters are gathered before rank 0 saves them.
 
 A run, and the module that does each part:
 1. settings: defaults < `--config` file < flags, every problem reported at once (`training/config.py`);
@@ -57,6 +60,7 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 import yaml
+from mlx.utils import tree_flatten
 from mlx_lm import load
 from mlx_lm.tuner import trainer
 from mlx_lm.tuner.datasets import CacheDataset, load_local_dataset
@@ -64,8 +68,8 @@ from mlx_lm.tuner.utils import build_schedule, linear_to_lora_layers, print_trai
 from mlx_lm.utils import save_config
 from rich.console import Console
 
-from training import checkpoint, report
-from training.batches import SharedBatches, summed_loss
+from training import checkpoint, report, tensor_parallel
+from training.batches import SharedBatches, summed_loss, uncounted_loss
 from training.config import (
     ConfigError,
     FinetuneConfig,
@@ -114,6 +118,7 @@ class Loaded:
     train_set: Any
     valid: CacheDataset | None  # None: the data has no validation examples
     seconds: float  # how long loading took
+    layout: tensor_parallel.Layout  # how the LoRA parameters lie across the ranks
 
 
 def load_data(config: FinetuneConfig, tokenizer: Any) -> tuple[Any, Any]:
@@ -130,27 +135,31 @@ def load_data(config: FinetuneConfig, tokenizer: Any) -> tuple[Any, Any]:
     return train_set, valid_set
 
 
-def load_model_and_data(config: FinetuneConfig) -> Loaded:
-    """The model with LoRA layers (from resume_adapter_file's weights if given), and the data."""
+def load_model_and_data(config: FinetuneConfig, group: Any) -> Loaded:
+    """The model with LoRA layers (from resume_adapter_file's weights if given), and the data.
+    In tensor parallelism, this rank's shard of the model (training/tensor_parallel.py)."""
     started = time.monotonic()
-    model, tokenizer = load(config.model)
-    if config.num_layers > len(model.layers):
-        raise ConfigError(f"num_layers {config.num_layers}: the model has only {len(model.layers)} layers")
-    train_set, valid_set = load_data(config, tokenizer)
-    # Tokenized once, on first use, for the training loop and the last validation alike.
-    valid = CacheDataset(valid_set) if valid_set else None
-
     # Same seeds on every rank: the LoRA matrices start equal everywhere (mlx). The batch order has
     # its own RNG from the same seed (training/batches.py); numpy's global one is seeded for anything
     # else that draws from it.
     mx.random.seed(config.seed)
     np.random.seed(config.seed)
-    model.freeze()
-    linear_to_lora_layers(model, config.num_layers, mlx_lm_args(config)["lora_parameters"])
+    lora_parameters = mlx_lm_args(config)["lora_parameters"]
+    if config.parallel == "tensor":
+        model, tokenizer = tensor_parallel.load(config.model, group, config.num_layers, lora_parameters)
+    else:
+        model, tokenizer = load(config.model)
+        tensor_parallel.check_num_layers(model, config.num_layers)
+        model.freeze()
+        linear_to_lora_layers(model, config.num_layers, lora_parameters)
+    train_set, valid_set = load_data(config, tokenizer)
+    # Tokenized once, on first use, for the training loop and the last validation alike.
+    valid = CacheDataset(valid_set) if valid_set else None
+    layout = tensor_parallel.Layout.of(config.parallel, group, model)
     if config.resume_adapter_file:
-        resume_from(model, config.resume_adapter_file)
+        resume_from(model, config.resume_adapter_file, layout)
     print_trainable_parameters(model)
-    return Loaded(model, train_set, valid, time.monotonic() - started)
+    return Loaded(model, train_set, valid, time.monotonic() - started, layout)
 
 
 def write_settings(config: FinetuneConfig, validates: bool) -> None:
@@ -234,6 +243,26 @@ class MicroSteps(trainer.TrainingCallback):
         self.callback.on_val_loss_report(info | {"iteration": info["iteration"] // self.micro})
 
 
+def _averaging(layout: tensor_parallel.Layout) -> Any:
+    """The gradient averaging for mlx-lm's step. Its own averages across every rank: right when the
+    ranks split the batch, wrong when they hold different shards of the parameters (tensor
+    parallelism), where each rank's gradients are already the whole batch's."""
+    return (lambda gradients: gradients) if layout.tensor else trainer.average_gradients
+
+
+def _keep_final_adapters(loaded: Loaded, group: Any, final_partial: Path) -> None:
+    """Rank 0 puts the trainer's final adapters in place; sharded ones are gathered first (every
+    rank takes part), so that the file is one process's."""
+    if not loaded.layout.tensor:
+        if group.rank() == 0:
+            os.replace(final_partial, final_partial.parent / "adapters.safetensors")
+        return
+    whole = loaded.layout.whole(dict(tree_flatten(loaded.model.trainable_parameters())))
+    if group.rank() == 0:
+        final_partial.unlink()  # rank 0's shards alone
+        checkpoint.save_safetensors(final_partial.parent / "adapters.safetensors", whole)
+
+
 def train(
     config: FinetuneConfig,
     group: Any,
@@ -248,22 +277,25 @@ def train(
     out = Path(config.adapter_path)
     # The trainer's final save goes to a partial file that is renamed once complete.
     final_partial = out / ".adapters.partial.safetensors"
+    layout = loaded.layout
     cut = batch_plan(config, group.size())
-    batches = SharedBatches(config.seed, cut.shares, cut.micro_batches, skip=first_step)
+    batches = SharedBatches(config.seed, cut.shares, cut.micro_batches, skip=first_step,
+                            data_group=layout.data_group)
+    loss = summed_loss if layout.counts_tokens else uncounted_loss
     args = training_args(config, first_step, final_partial, cut.micro_batches)
-    with _replaced(trainer, "TrainUI", lambda *_, **__: display):
+    with _replaced(trainer, "TrainUI", lambda *_, **__: display), \
+            _replaced(trainer, "average_gradients", _averaging(layout)):
         trainer.train(
             model=loaded.model,
             optimizer=optimizer,
             train_dataset=CacheDataset(loaded.train_set),
             val_dataset=loaded.valid,
             args=args,
-            loss=summed_loss,
+            loss=loss,
             iterate_batches=batches,
             training_callback=MicroSteps(callback, cut.micro_batches) if cut.micro_batches > 1 else callback,
         )
-    if group.rank() == 0:
-        os.replace(final_partial, out / "adapters.safetensors")
+    _keep_final_adapters(loaded, group, final_partial)
     # mlx-lm's last validation runs before the last step: validate the adapters it saved.
     if loaded.valid is None:
         return batches.trained_tokens
@@ -274,7 +306,7 @@ def train(
         config.batch_size,
         args.val_batches,
         max_seq_length=config.max_seq_length,
-        loss=summed_loss,
+        loss=loss,
         iterate_batches=batches,
         progress_callback=display.progressed,
     )
@@ -306,9 +338,12 @@ def write_summary(
     summary["time_split"] = report.time_split(
         records, model_load, checks.gradient_sync_seconds, steps=config.iters - first_step
     )
+    summary["parallel"] = config.parallel
+    summary["peak_memory_gb_per_rank"] = checks.peak_memory_gb
     cut = batch_plan(config, len(checks.rank_tokens))
+    # In tensor parallelism the ranks compute the batch together, as one data rank.
     summary["batch"] = report.batch_split(
-        cut.shares, cut.micro_batches, checks.rank_tokens, summary.get("tokens_per_second")
+        cut.shares, cut.micro_batches, checks.rank_tokens[:len(cut.shares)], summary.get("tokens_per_second")
     )
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     try:
@@ -334,12 +369,12 @@ def run(
     """
     rank0 = group.rank() == 0
     started = time.monotonic()
-    loaded = load_model_and_data(config)
+    loaded = load_model_and_data(config, group)
     if rank0:
         write_settings(config, validates=loaded.valid is not None)
     optimizer = make_optimizer(config)
     data_digest = checkpoint.file_digest(Path(config.data) / "train.jsonl") if rank0 else ""
-    resumed = resume_point(config, group, loaded.model, optimizer, data_digest) if resume else None
+    resumed = resume_point(config, loaded.layout, loaded.model, optimizer, data_digest) if resume else None
     first_step = resumed.step if resumed else 0
 
     out = Path(config.adapter_path)
@@ -351,14 +386,14 @@ def run(
     )
     callback = MetricsCallback(group, out / "metrics.jsonl", display, resumed=resumed)
     checkpointer = Checkpointer(
-        config, group, loaded.model, optimizer, callback, display, first_step, data_digest
+        config, loaded.layout, loaded.model, optimizer, callback, display, first_step, data_digest
     )
     callback.report_hooks.append(checkpointer.after_report)
     watchdog = watchdog_for(config, group, display)
     watchdog.start()
     try:
         trained_tokens = train(config, group, loaded, optimizer, callback, display, first_step)
-        checks = check_ranks(loaded.model, group, trained_tokens)
+        checks = check_ranks(loaded.model, group, trained_tokens, loaded.layout)
     finally:
         watchdog.stop()
     if not rank0:
@@ -383,6 +418,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         prefix = rank_prefix(group)
         validate_config(config, group.size())
         check_inputs(config)
+        if config.parallel == "tensor":
+            tensor_parallel.check_collectives(group, environ)
         run(config, group, resume=args.resume)
     except ConfigError as error:
         print(f"{prefix}error: {error}", file=sys.stderr, flush=True)

@@ -41,7 +41,7 @@ class Checkpointer:
     """
 
     config: FinetuneConfig
-    group: Any
+    layout: Any  # training/tensor_parallel.Layout: its group, and the LoRA shards to gather
     model: nn.Module
     optimizer: optim.Optimizer
     callback: MetricsCallback
@@ -58,18 +58,21 @@ class Checkpointer:
             self.due = (step // self.config.save_every + 1) * self.config.save_every
 
     def save(self, step: int) -> None:
-        if self.group.rank() != 0:
+        # Whole arrays, as one process has them (sharded ones are gathered: every rank takes part).
+        adapters = self.layout.whole(dict(tree_flatten(self.model.trainable_parameters())))
+        optimizer_state = self.layout.whole(dict(tree_flatten(self.optimizer.state)))
+        if self.layout.group.rank() != 0:
             return
-        adapters = dict(tree_flatten(self.model.trainable_parameters()))
         path = checkpoint.save(
             Path(self.config.adapter_path),
             step,
             adapters,
-            dict(tree_flatten(self.optimizer.state)),
+            optimizer_state,
             {
                 "trained_tokens": self.callback.trained_tokens,
                 "wall_time": self.callback.wall_time,
-                "world_size": self.group.size(),
+                "world_size": self.layout.group.size(),
+                "parallel": self.config.parallel,
                 "random_key": mx.random.state[0].tolist(),
                 "data_sha256": self.data_digest,
                 "settings": asdict(self.config),
@@ -153,9 +156,10 @@ def _agreed_step(
     return int(status[1])
 
 
-def _load(arrays: Mapping[str, mx.array], model: nn.Module, optimizer: optim.Optimizer) -> None:
-    model.load_weights(_part(arrays, "adapters/"), strict=False)
-    optimizer.state = tree_unflatten(_part(arrays, "optimizer/"))
+def _load(arrays: Mapping[str, mx.array], model: nn.Module, optimizer: optim.Optimizer, layout: Any) -> None:
+    """Whole arrays into this rank's model and optimizer (its shards of the sharded ones)."""
+    model.load_weights(list(layout.shard(dict(_part(arrays, "adapters/"))).items()), strict=False)
+    optimizer.state = tree_unflatten(list(layout.shard(dict(_part(arrays, "optimizer/"))).items()))
     # mx.random.state cannot be assigned to; a seed is the key's two 32-bit halves.
     high, low = arrays["random_key"].tolist()
     mx.random.seed((high << 32) | low)
@@ -180,19 +184,21 @@ def _resumed_on_rank0(
 
 
 def resume_point(
-    config: FinetuneConfig, group: Any, model: nn.Module, optimizer: optim.Optimizer, data_digest: str
+    config: FinetuneConfig, layout: Any, model: nn.Module, optimizer: optim.Optimizer, data_digest: str
 ) -> ResumePoint | None:
     """Load the latest checkpoint of the run in adapter_path on every rank; None if there is none.
 
     Rank 0 reads it and checks that it belongs to this run (same settings and data); every rank
-    then gets its adapters, optimizer state and RNG key from rank 0.
+    then gets its adapters, optimizer state and RNG key from rank 0. A checkpoint holds whole
+    arrays, whatever the layout (`layout`, training/tensor_parallel.py) that wrote or reads it.
     """
+    group = layout.group
     rank0 = group.rank() == 0
     # What every rank will receive, with this rank's own (ignored) values to give names and shapes.
     optimizer.init(model.trainable_parameters())
     arrays = _bundle(
-        dict(tree_flatten(model.trainable_parameters())),
-        dict(tree_flatten(optimizer.state)),
+        layout.whole(dict(tree_flatten(model.trainable_parameters()))),
+        layout.whole(dict(tree_flatten(optimizer.state))),
         mx.random.state[0],
     )
     found, problem = None, ""
@@ -204,7 +210,7 @@ def resume_point(
             where = Path(config.adapter_path) / checkpoint.DIRECTORY
             print(f"note: no checkpoint in {where} yet: starting from step 0", flush=True)
         return None
-    _load(checkpoint.broadcast(arrays, group), model, optimizer)
+    _load(checkpoint.broadcast(arrays, group), model, optimizer, layout)
     if not rank0:
         return ResumePoint(step=step)
     assert found is not None
@@ -227,12 +233,13 @@ def fit_problems(saved: Mapping[str, mx.array], expected: Mapping[str, mx.array]
     return "\n  ".join(shown)
 
 
-def resume_from(model: nn.Module, path: str) -> None:
-    """Load saved adapter weights, which must be exactly this model's trainable parameters."""
+def resume_from(model: nn.Module, path: str, layout: Any) -> None:
+    """Load saved adapter weights, which must be exactly this model's trainable parameters (whole:
+    as one process has them; a sharded rank keeps its shards, `layout`)."""
     weights = mx.load(path)
     assert isinstance(weights, dict)
-    if problems := fit_problems(weights, dict(tree_flatten(model.trainable_parameters()))):
+    if problems := fit_problems(weights, layout.whole(dict(tree_flatten(model.trainable_parameters())))):
         raise ConfigError(
             f"resume_adapter_file: {path} does not fit (other lora_rank or num_layers?):\n  {problems}"
         )
-    model.load_weights(list(weights.items()), strict=False)
+    model.load_weights(list(layout.shard(weights).items()), strict=False)

@@ -1,0 +1,129 @@
+"""Tensor-parallel LoRA in real training (a tiny llama, two local processes on MLX's ring backend):
+two ranks, each holding half of every layer, train the adapters of one process, save them as one
+ordinary adapter file, and checkpoint and resume; what cannot be sharded is refused."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import mlx.core as mx
+import pytest
+from mlx_lm import generate, load
+
+from mlxcluster import parallel
+from mlxcluster.errors import UserError
+from tests.unit.test_finetune import run_launcher, training_args
+from tests.unit.test_shares_training import adapters, losses, max_difference, uneven_run  # noqa: F401
+from training import finetune as ft
+from training.tensor_parallel import shard_problems
+
+RING = [str(Path(sys.executable).parent / "mlx.launch"), "--backend", "ring", "-n", "2", "--"]
+
+
+def tensor_run(root: Path, out: str, *extra: str) -> None:
+    args = training_args(root / "model", root / "data", root / out, "--expected-world-size", "2",
+                         "--parallel", "tensor", *extra)
+    result = run_launcher([*RING, sys.executable, "-m", "training.finetune", *args], timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def single_run(root: Path, out: str, *extra: str) -> str:
+    with contextlib.redirect_stdout(io.StringIO()) as stdout:
+        assert ft.main(training_args(root / "model", root / "data", root / out, *extra), environ={}) == 0
+    return stdout.getvalue()
+
+
+@pytest.fixture(scope="module")
+def tensor(uneven_run: Path) -> Path:  # noqa: F811
+    tensor_run(uneven_run, "tensor")
+    return uneven_run
+
+
+def test_two_tensor_parallel_ranks_train_the_adapters_of_one_process(tensor: Path):
+    root = tensor
+    diff = max_difference(root / "single", root / "tensor")
+    assert diff < 1e-4, diff
+    assert max(mx.abs(w).max().item() for w in adapters(root / "single").values()) > 1e-2  # they moved
+    # The gathered file is one process's: every matrix whole, in its own shape.
+    single, gathered = adapters(root / "single"), adapters(root / "tensor")
+    assert {k: v.shape for k, v in gathered.items()} == {k: v.shape for k, v in single.items()}
+    # The losses agree report by report, and each batch's tokens count once, not once per rank.
+    for key in ("train_loss", "val_loss"):
+        assert losses(root / "tensor", key) == pytest.approx(losses(root / "single", key), abs=1e-4)
+    summary = json.loads((root / "tensor" / "summary.json").read_text())
+    one = json.loads((root / "single" / "summary.json").read_text())
+    assert summary["parallel"] == "tensor" and summary["world_size"] == 2
+    assert summary["batch"]["ranks"][0]["trained_tokens"] == one["batch"]["ranks"][0]["trained_tokens"]
+    assert summary["max_weight_difference_across_ranks"] == 0.0  # the replicated LoRA matrices
+    assert len(summary["peak_memory_gb_per_rank"]) == 2
+    print(f"max abs difference, 1 process against 2 tensor-parallel ranks: {diff:.3g}")
+
+
+def test_mlx_lm_loads_and_generates_with_the_gathered_adapters(tensor: Path):
+    model, tokenizer = load(str(tensor / "model"), adapter_path=str(tensor / "tensor"))
+    text = generate(model, tokenizer, "count 001", max_tokens=4)
+    assert isinstance(text, str)
+
+
+def test_dropout_masks_the_features_one_process_masks(tensor: Path):
+    # Row-parallel layers see a slice of the features: their dropout draws the whole input's mask.
+    root = tensor
+    single_run(root, "single-dropout", "--lora-dropout", "0.3")
+    tensor_run(root, "tensor-dropout", "--lora-dropout", "0.3")
+    assert max_difference(root / "single-dropout", root / "tensor-dropout") < 1e-4
+    assert max_difference(root / "single", root / "single-dropout") > 1e-3  # dropout did something
+
+
+def test_a_tensor_parallel_run_resumes_from_its_checkpoint(tensor: Path):
+    root = tensor
+    for out in ("resumed", "resumed-alone"):
+        shutil.copytree(root / "tensor", root / out)
+        shutil.rmtree(root / out / "checkpoints" / "0000010")
+        (root / out / "adapters.safetensors").unlink()
+    tensor_run(root, "resumed", "--resume")
+    assert max_difference(root / "tensor", root / "resumed") < 1e-6
+    # A checkpoint holds whole arrays: one process resumes it as well.
+    output = single_run(root, "resumed-alone", "--resume")
+    assert "resuming from" in output and "(step 6 of 10)" in output
+    assert max_difference(root / "single", root / "resumed-alone") < 1e-4
+
+
+def test_one_process_is_refused_tensor_parallelism(tensor: Path, capsys: pytest.CaptureFixture[str]):
+    args = training_args(tensor / "model", tensor / "data", tensor / "alone", "--parallel", "tensor")
+    assert ft.main(args, environ={}) == 2
+    assert "parallel tensor needs at least 2 ranks" in capsys.readouterr().err
+
+
+def test_a_model_is_refused_when_the_ranks_do_not_divide_its_heads():
+    smollm2 = {"model_type": "llama", "num_attention_heads": 9, "num_key_value_heads": 3,
+               "intermediate_size": 1536, "hidden_size": 576}
+    assert shard_problems(smollm2, 3, "smollm2") == []
+    [problem] = shard_problems(smollm2, 2, "smollm2")
+    assert "num_attention_heads is 9, num_key_value_heads is 3, which 2 ranks do not divide" in problem
+    assert problem.endswith("this model shards across 3 ranks")
+    odd = smollm2 | {"num_attention_heads": 7, "num_key_value_heads": 7}
+    assert "no number of ranks divides them all" in shard_problems(odd, 2, "odd")[0]
+
+
+def test_a_model_without_shard_is_refused():
+    [problem] = shard_problems({"model_type": "gpt2", "num_attention_heads": 12}, 2, "gpt2")
+    assert "mlx-lm has no shard() for its architecture" in problem and "--parallel data" in problem
+    assert shard_problems({"model_type": "llama", "num_attention_heads": 4}, 2, "llama") == []
+
+
+def test_the_controller_refuses_before_syncing_anything(tmp_path: Path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "num_attention_heads": 9}))
+    two, one = SimpleNamespace(world_size=2), SimpleNamespace(world_size=1)
+    with pytest.raises(UserError, match="num_attention_heads is 9, which 2 ranks do not divide"):
+        parallel.check(two, tmp_path, "tensor")  # type: ignore[arg-type]
+    assert "this cluster trains on 1" in parallel.problems(one, tmp_path, "tensor")[0]  # type: ignore[arg-type]
+    assert parallel.problems(two, tmp_path, "data") == []  # type: ignore[arg-type]
+    assert parallel.flags("tensor") == ["--parallel", "tensor"] and parallel.flags(None) == []
+    with pytest.raises(UserError, match="--parallel must be data or tensor"):
+        parallel.flags("pipeline")
