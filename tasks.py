@@ -8,7 +8,6 @@ live, and are tested). What a user can fix arrives here as a `UserError` and lea
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from mlxcluster.bench import links as bench_links_module
 from mlxcluster.bench import provision as bench_provision_module
 from mlxcluster.bench import scaling as bench_scaling_module
 from mlxcluster.bench import shares as bench_shares_module
+from mlxcluster.bench import tensor as bench_tensor_module
 from mlxcluster.bench import train as bench_train_module
 from mlxcluster.cluster import recorded
 from mlxcluster.errors import UserError
@@ -95,11 +95,7 @@ def topology(c, inventory=None, output=None):
             "json": "Print the checks as JSON instead of tables"})
 def doctor(c, inventory=None, model=None, json_=False):
     """Check the whole cluster, node by node and pair by pair: red checks say how to fix them."""
-    rec = recorded(_inventory(c, inventory), ready=False)
-    start = time.perf_counter()
-    model_dir = Path(model) if model else inputs.checked_model(rec.cluster)
-    checks = checkup.diagnose(rec.cluster, rec.rendered_hostfile, inputs.model_bytes(model_dir))
-    checkup.report(checks, rec.cluster, time.perf_counter() - start, as_json=json_)
+    checkup.run(recorded(_inventory(c, inventory), ready=False), model, as_json=json_)
 
 
 # ---------------------------------------------------------------------------- training
@@ -307,9 +303,10 @@ def bench_links(c, inventory=None, backends=None, max_size="256MB", output=None,
     "extra": "More training flags for every run",
     "shares": "Instead: each node alone (a calibration), then all with equal and with calibrated "
               "batch shares (a mixed cluster)",
+    "parallel": "tensor, instead: one process, then every node holding a shard (peak memory per rank)",
     "output": "JSON file to write; the PNG goes next to it (default runs/bench/scaling-<time>.json)"})
 def bench_scaling(c, inventory=None, nodes=None, iters=30, batch_size=None, data=None, model=None,
-                  threads=None, extra="", shares=False, output=None):
+                  threads=None, extra="", shares=False, parallel=None, output=None):
     """The same fine-tune on 1 node and on more: wall time, tokens/s, speedup, efficiency and
     where the time went (sync, model load, training, evaluation), as a table, JSON and PNG."""
     rec = recorded(_inventory(c, inventory))
@@ -317,6 +314,8 @@ def bench_scaling(c, inventory=None, nodes=None, iters=30, batch_size=None, data
               "threads": _int(threads), "extra": extra, "output": output}
     if shares:
         bench_shares_module.run(rec, **common)
+    elif parallel not in (None, "data"):
+        bench_tensor_module.run(rec, mode=parallel, **common)
     else:
         bench_scaling_module.run(rec, nodes=nodes, **common)
 

@@ -12,6 +12,7 @@ import json
 import shlex
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlxcluster import launch, remote
+from mlxcluster import inputs, launch, remote
 from mlxcluster.backends import RDMA_HOWTO
 from mlxcluster.cluster import Cluster, Node, hostfile_entries
 from mlxcluster.errors import UserError
@@ -405,3 +406,12 @@ def report(checks: Sequence[Check], cluster: Cluster, seconds: float, *, as_json
         print(summary, file=sys.stderr)
     else:
         console.print(f"[green]{summary}[/]")
+
+
+def run(rec: Any, model: str | None, as_json: bool = False) -> None:
+    """invoke doctor: every check of the recorded cluster (`rec`: cluster.Recorded), reported; the
+    memory and disk checks against `model` (default: the provisioned or embedded model)."""
+    start = time.perf_counter()
+    model_dir = Path(model) if model else inputs.checked_model(rec.cluster)
+    checks = diagnose(rec.cluster, rec.rendered_hostfile, inputs.model_bytes(model_dir))
+    report(checks, rec.cluster, time.perf_counter() - start, as_json=as_json)

@@ -91,21 +91,27 @@ def target_mask(batch: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return (steps >= lengths[:, 0:1]) & (steps <= lengths[:, 1:])
 
 
-def summed_loss(model: Any, batch: Any, lengths: Any, scale: Any) -> tuple[Any, Any]:
-    """mlx-lm's default_loss as a sum over the target tokens, times `scale`; and the token count."""
-    inputs, targets = batch[:, :-1], batch[:, 1:]
-    logits = model(inputs)
-    steps = mx.arange(1, targets.shape[1] + 1)
-    mask = mx.logical_and(steps >= lengths[:, 0:1], steps <= lengths[:, 1:])
-    ce = (nn.losses.cross_entropy(logits, targets) * mask).astype(mx.float32).sum()
-    return ce * scale, mask.sum()
+def summed_loss_with(
+    cross_entropy: Callable[[Any, Any], Any] = nn.losses.cross_entropy, counted: bool = True
+) -> Callable[..., tuple[Any, Any]]:
+    """`summed_loss` with another per-token cross-entropy (a vocabulary split across ranks:
+    training/vocab_parallel.py), counting no tokens when not `counted`: for the ranks that compute
+    a batch another rank counts (tensor parallelism), so that the trainer's sums across ranks
+    count each token once."""
+
+    def loss(model: Any, batch: Any, lengths: Any, scale: Any) -> tuple[Any, Any]:
+        inputs, targets = batch[:, :-1], batch[:, 1:]
+        logits = model(inputs)
+        steps = mx.arange(1, targets.shape[1] + 1)
+        mask = mx.logical_and(steps >= lengths[:, 0:1], steps <= lengths[:, 1:])
+        ce = (cross_entropy(logits, targets) * mask).astype(mx.float32).sum()
+        return ce * scale, mask.sum() if counted else mask.sum() * 0
+
+    return loss
 
 
-def uncounted_loss(model: Any, batch: Any, lengths: Any, scale: Any) -> tuple[Any, Any]:
-    """`summed_loss`, counting no tokens: for the ranks that compute a batch another rank counts
-    (tensor parallelism), so that the trainer's sums across ranks count each token once."""
-    loss, tokens = summed_loss(model, batch, lengths, scale)
-    return loss, tokens * 0
+# mlx-lm's default_loss as a sum over the target tokens, times `scale`; and the token count.
+summed_loss = summed_loss_with()
 
 
 def _rows(batch: np.ndarray, lengths: np.ndarray, rows: list[int]) -> tuple[np.ndarray, np.ndarray]:

@@ -69,7 +69,7 @@ from mlx_lm.utils import save_config
 from rich.console import Console
 
 from training import checkpoint, report, tensor_parallel
-from training.batches import SharedBatches, summed_loss, uncounted_loss
+from training.batches import SharedBatches, summed_loss_with
 from training.config import (
     ConfigError,
     FinetuneConfig,
@@ -281,7 +281,7 @@ def train(
     cut = batch_plan(config, group.size())
     batches = SharedBatches(config.seed, cut.shares, cut.micro_batches, skip=first_step,
                             data_group=layout.data_group)
-    loss = summed_loss if layout.counts_tokens else uncounted_loss
+    loss = summed_loss_with(layout.cross_entropy, counted=layout.counts_tokens)
     args = training_args(config, first_step, final_partial, cut.micro_batches)
     with _replaced(trainer, "TrainUI", lambda *_, **__: display), \
             _replaced(trainer, "average_gradients", _averaging(layout)):

@@ -25,7 +25,7 @@ The data side is one data-parallel rank: every rank computes the same whole batc
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +44,7 @@ from mlx_lm.tuner.lora import LoRALinear
 from mlx_lm.tuner.utils import linear_to_lora_layers
 from mlx_lm.utils import _get_classes
 
+from training import vocab_parallel
 from training.config import ConfigError
 from training.distributed import DistributedError, detect_launch
 
@@ -167,6 +168,7 @@ def load(
          else _rewrapped(lora, layers[path]))
         for path, lora in loras.items()
     ]))
+    vocab_parallel.shard_vocab(model, group)
     model.freeze()
     model.unfreeze(keys=["lora_a", "lora_b"], strict=False)
     high, low = after_init.tolist()
@@ -203,15 +205,23 @@ class Layout:
     parallel: str
     group: Any
     axes: Mapping[str, int] = field(default_factory=dict)
+    vocab: vocab_parallel.VocabShard | None = None  # this rank's slice of the vocabulary, if split
 
     @classmethod
     def of(cls, parallel: str, group: Any, model: nn.Module) -> Layout:
+        modules = model.named_modules()
         axes = {
             f"{path}.{name}": axis
-            for path, module in model.named_modules() if isinstance(module, ShardedLoRALinear)
+            for path, module in modules if isinstance(module, ShardedLoRALinear)
             for name, axis in module.sharded_axes.items()
         }
-        return cls(parallel, group, axes)
+        vocab = [module for _, module in modules if isinstance(module, vocab_parallel.VocabShard)]
+        return cls(parallel, group, axes, vocab[0] if vocab else None)
+
+    @property
+    def cross_entropy(self) -> Callable[[mx.array, mx.array], mx.array]:
+        """The per-token loss of the model's logits (this rank's slice of them, when split)."""
+        return vocab_parallel.sharded_cross_entropy(self.vocab) if self.vocab else nn.losses.cross_entropy
 
     @property
     def tensor(self) -> bool:
@@ -264,10 +274,13 @@ class Layout:
 
 def check_collectives(group: Any, environ: Mapping[str, str]) -> None:
     """Stop (DistributedError) when the ranks' backend lacks a collective tensor parallelism needs:
-    all_sum in the sharded layers, all_gather to gather the adapters."""
+    all_sum in the sharded layers, all_max in the loss of a split vocabulary, all_gather to gather
+    the adapters."""
     launch = detect_launch(environ)
     backend = launch.backend if launch else "default"
-    for name, op in (("all_sum", mx.distributed.all_sum), ("all_gather", mx.distributed.all_gather)):
+    ops = (("all_sum", mx.distributed.all_sum), ("all_max", mx.distributed.all_max),
+           ("all_gather", mx.distributed.all_gather))
+    for name, op in ops:
         try:
             mx.eval(op(mx.ones((2,)), group=group, stream=mx.cpu))
         except RuntimeError as error:

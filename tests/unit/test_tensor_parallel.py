@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from types import SimpleNamespace
 
 import mlx.core as mx
 import pytest
+from mlx.utils import tree_flatten
 from mlx_lm import generate, load
 
 from mlxcluster import parallel
@@ -22,15 +24,22 @@ from tests.unit.test_finetune import run_launcher, training_args
 from tests.unit.test_shares_training import adapters, losses, max_difference, uneven_run  # noqa: F401
 from training import finetune as ft
 from training.tensor_parallel import shard_problems
+from training.vocab_parallel import bounds
 
 RING = [str(Path(sys.executable).parent / "mlx.launch"), "--backend", "ring", "-n", "2", "--"]
 
 
-def tensor_run(root: Path, out: str, *extra: str) -> None:
+def tensor_run(root: Path, out: str, *extra: str) -> str:
     args = training_args(root / "model", root / "data", root / out, "--expected-world-size", "2",
                          "--parallel", "tensor", *extra)
     result = run_launcher([*RING, sys.executable, "-m", "training.finetune", *args], timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def parameters(stdout: str) -> float:
+    """The parameters a rank holds, in millions, from mlx-lm's `Trainable parameters` line."""
+    return float(re.search(r"Trainable parameters: .*/([0-9.]+)M\)", stdout)[1])  # type: ignore[index]
 
 
 def single_run(root: Path, out: str, *extra: str) -> str:
@@ -41,7 +50,7 @@ def single_run(root: Path, out: str, *extra: str) -> str:
 
 @pytest.fixture(scope="module")
 def tensor(uneven_run: Path) -> Path:  # noqa: F811
-    tensor_run(uneven_run, "tensor")
+    (uneven_run / "tensor.out").write_text(tensor_run(uneven_run, "tensor"))
     return uneven_run
 
 
@@ -62,6 +71,10 @@ def test_two_tensor_parallel_ranks_train_the_adapters_of_one_process(tensor: Pat
     assert summary["batch"]["ranks"][0]["trained_tokens"] == one["batch"]["ranks"][0]["trained_tokens"]
     assert summary["max_weight_difference_across_ranks"] == 0.0  # the replicated LoRA matrices
     assert len(summary["peak_memory_gb_per_rank"]) == 2
+    # Each rank holds its half of every layer and of the vocabulary: less than 0.6x of the model.
+    model, _ = load(str(root / "model"))
+    whole = sum(v.size for _, v in tree_flatten(model.parameters())) / 1e6
+    assert parameters((root / "tensor.out").read_text()) < 0.6 * whole
     print(f"max abs difference, 1 process against 2 tensor-parallel ranks: {diff:.3g}")
 
 
@@ -127,3 +140,29 @@ def test_the_controller_refuses_before_syncing_anything(tmp_path: Path):
     assert parallel.flags("tensor") == ["--parallel", "tensor"] and parallel.flags(None) == []
     with pytest.raises(UserError, match="--parallel must be data or tensor"):
         parallel.flags("pipeline")
+
+
+def test_the_vocabulary_is_cut_into_parts_as_equal_as_can_be():
+    assert [bounds(10, 3, rank) for rank in range(3)] == [(0, 4), (4, 7), (7, 10)]
+    assert [bounds(49152, 2, rank) for rank in range(2)] == [(0, 24576), (24576, 49152)]
+
+
+def fake_run(path: Path, ranks: int, peaks: list[float], tokens_per_second: float,
+             losses: list[float]) -> Path:
+    path.mkdir()
+    (path / "summary.json").write_text(json.dumps({
+        "world_size": ranks, "parallel": "tensor" if ranks > 1 else "data", "peak_memory_gb_per_rank": peaks,
+        "tokens_per_second": tokens_per_second, "final_train_loss": losses[-1], "final_val_loss": None}))
+    (path / "metrics.jsonl").write_text("".join(
+        json.dumps({"iteration": 5 * (i + 1), "train_loss": loss}) + "\n" for i, loss in enumerate(losses)))
+    return path
+
+
+def test_the_tensor_benchmark_compares_the_largest_rank_with_one_process(tmp_path: Path):
+    from mlxcluster.bench import tensor as bench
+
+    single = bench.measured(fake_run(tmp_path / "one", 1, [0.8], 50.0, [3.0, 2.5]))
+    split = bench.measured(fake_run(tmp_path / "three", 3, [0.40, 0.46, 0.40], 30.0, [3.0, 2.5]))
+    assert bench.figures(single, split) == {"peak_memory_ratio": 0.575, "tokens_per_second_ratio": 0.6}
+    png = bench.plot({"1 rank": tmp_path / "one", "3 ranks": tmp_path / "three"}, tmp_path / "t.png", "t")
+    assert png.read_bytes()[:4] == b"\x89PNG"

@@ -1,0 +1,111 @@
+"""`invoke bench.scaling --parallel tensor`: one process against every node holding a shard.
+
+Two runs of the same fine-tune, each launched as `invoke train` launches it: the first node alone
+(the whole model in one process), then every training node with `--parallel tensor`. The figures:
+each run's peak memory per rank (the point of tensor parallelism: the largest rank's against the
+single process), tokens/s, and both runs' loss curves in one plot, which should lie on each other.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from mlxcluster import doctor, inputs, parallel, train
+from mlxcluster.bench import results
+from mlxcluster.cluster import Recorded
+from mlxcluster.errors import UserError
+from training import report
+
+
+def measured(run_dir: Path) -> dict[str, Any]:
+    """One run's figures, from its summary.json."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return {"ranks": summary["world_size"], "parallel": summary.get("parallel", "data"),
+            "peak_memory_gb_per_rank": [round(p, 4) for p in summary["peak_memory_gb_per_rank"]],
+            "tokens_per_second": round(float(summary["tokens_per_second"]), 1),
+            "final_train_loss": summary.get("final_train_loss"),
+            "final_val_loss": summary.get("final_val_loss"), "run": str(run_dir)}
+
+
+def figures(single: Mapping[str, Any], tensor: Mapping[str, Any]) -> dict[str, float]:
+    """The largest tensor-parallel rank's peak memory, and tokens/s, over the single process's."""
+    return {"peak_memory_ratio": round(max(tensor["peak_memory_gb_per_rank"])
+                                       / single["peak_memory_gb_per_rank"][0], 3),
+            "tokens_per_second_ratio": round(tensor["tokens_per_second"] / single["tokens_per_second"], 3)}
+
+
+def plot(runs: Mapping[str, Path], output: Path, title: str) -> Path:
+    """Every run's train and validation losses against the step, in one PNG."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(7, 4.2), layout="constrained")
+    axes = figure.add_subplot()
+    for (label, run_dir), color in zip(runs.items(), ("tab:blue", "tab:red"), strict=False):
+        records = report.read_metrics(run_dir / "metrics.jsonl")
+        for key, style in (("train_loss", "-"), ("val_loss", "o--")):
+            xs, ys = report.loss_series(records, key)
+            axes.plot(xs, ys, style, color=color, label=f"{label}, {key.split('_')[0]}", alpha=0.8)
+    axes.set_xlabel("iteration")
+    axes.set_ylabel("loss")
+    axes.set_title(title)
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.savefig(output, dpi=120, format="png")
+    return output
+
+
+def table(result: Mapping[str, Any]) -> Any:
+    from rich.table import Table
+
+    t = Table(title=f"tensor parallel: {Path(result['model']).name}, global batch "
+                    f"{result['global_batch_size']}, {result['iters']} steps",
+              caption=f"largest rank's peak memory / one process's: "
+                      f"{result['figures']['peak_memory_ratio']:.2f}x; tokens/s: "
+                      f"{result['figures']['tokens_per_second_ratio']:.2f}x")
+    for name in ("run", "peak memory per rank (GB)", "tokens/s", "final train loss"):
+        t.add_column(name, justify="left" if name == "run" else "right")
+    for name in ("single", "tensor"):
+        r = result[name]
+        t.add_row(f"{r['ranks']} rank{'s' if r['ranks'] > 1 else ''}, {r['parallel']}",
+                  ", ".join(f"{p:.3f}" for p in r["peak_memory_gb_per_rank"]),
+                  f"{r['tokens_per_second']:,.1f}", f"{r['final_train_loss']:.3f}")
+    return t
+
+
+def run(rec: Recorded, *, mode: str = "tensor", iters: int = 30, batch_size: int | None = None,
+        data: str | None = None, model: str | None = None, threads: int | None = None, extra: str = "",
+        output: str | None = None) -> Path:
+    """One process on the first node, then every node in tensor parallelism; the JSON written."""
+    from rich.console import Console
+
+    if mode != "tensor":
+        raise UserError(f"--parallel {mode}: bench.scaling compares data (its default) or tensor")
+    data_dir, model_dir = inputs.resolve(rec.cluster, data, model)
+    parallel.check(rec.cluster, model_dir, "tensor")
+    doctor.preflight(rec.cluster, inputs.model_bytes(model_dir))
+    batch = batch_size or 4
+    overrides = ["--iters", str(iters), "--batch-size", str(batch), "--steps-per-report", "5",
+                 "--steps-per-eval", str(max(iters // 3, 1)), "--save-every", str(iters),
+                 *shlex.split(extra)]
+    run_dirs = {}
+    for name, layout, flags in (("single", rec.cluster.first_nodes(1), []),
+                                ("tensor", rec.cluster, ["--parallel", "tensor"])):
+        print(f"==> tensor: {iters} steps of batch {batch} on {layout.world_size} "
+              f"rank{'s' if layout.world_size > 1 else ''} ({name})", flush=True)
+        request = train.Request(data_dir, model_dir, overrides=[*overrides, *flags], threads=threads,
+                                parallel="tensor" if flags else "data")
+        run_dirs[name] = train.launch_run(layout, request, rec.inventory)
+    single, tensor = measured(run_dirs["single"]), measured(run_dirs["tensor"])
+    result = {"benchmark": "tensor", "date": results.date(), "inventory": rec.inventory,
+              "model": str(model_dir), "iters": iters, "global_batch_size": batch,
+              "single": single, "tensor": tensor, "figures": figures(single, tensor)}
+    out = results.write("tensor", result, output)
+    plot({"1 rank": run_dirs["single"], f"{tensor['ranks']} ranks, tensor": run_dirs["tensor"]},
+         out.with_suffix(".png"), f"{model_dir.name}: one process and tensor parallel")
+    Console(width=max(Console().width, 100)).print(table(result))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+    return out
