@@ -253,7 +253,7 @@ def stop(cluster: Cluster, marker: str) -> None:
 
 _SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
 _FIRST_FAILED = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]\s*Exit code:\s*(\d+)")
-_RING_EXIT = re.compile(r"Node with rank (\d+) exited with code (\d+)")  # mlx.launch
+_RING_EXIT = re.compile(r"Node with rank (\d+) exited with code (-?\d+)")  # mlx.launch; -N: signal N
 _RANK_ERROR = re.compile(r"^rank (\d+): (?:error: )?(.+)$", re.MULTILINE)
 _LAST_STEP = re.compile(r"iter\s+(\d+)/(\d+)\s+loss")
 
@@ -272,12 +272,29 @@ def _which_rank(cluster: Cluster, output: str) -> str | None:
     return None
 
 
-def describe_failure(cluster: Cluster, output: str) -> str:
-    """What a failed training launch's output says: which rank on which node, and the last step."""
+def killed(output: str, code: int | None = None) -> bool:
+    """Whether a rank was killed by SIGKILL: what the kernel's out-of-memory killer sends (and
+    macOS's, jetsam). One process run directly exits 137 (128 + 9) through the shell."""
+    signalled = [m[3] for m in _SIGNALLED.finditer(output)] + [m[2] for m in _RING_EXIT.finditer(output)]
+    return "9" in signalled or "-9" in signalled or code in (137, -9)
+
+
+def out_of_memory_hint(parallel: str) -> str:
+    fix = ("--parallel tensor splits the model across the nodes, each holding a shard of it"
+           if parallel != "tensor" else "more nodes give each a smaller shard of the model")
+    return (f"a rank killed with SIGKILL is most often out of memory: {fix}; a smaller batch_size or "
+            "max_micro_batch, or grad_checkpoint, shrink the activations")
+
+
+def describe_failure(cluster: Cluster, output: str, code: int | None = None, parallel: str = "data") -> str:
+    """What a failed training launch's output says: which rank on which node, the last step, and
+    what to do when a rank was killed as the out-of-memory killer kills."""
     parts = [part] if (part := _which_rank(cluster, output)) else []
     steps = _LAST_STEP.findall(output)
     parts.append(f"last step reported: {steps[-1][0]} of {steps[-1][1]}" if steps
                  else "no step was reported")
+    if killed(output, code):
+        parts.append(out_of_memory_hint(parallel))
     return "; ".join(parts)
 
 

@@ -133,8 +133,8 @@ def collect(plan: Plan, timeout: float | None = None) -> None:
                    stdin=subprocess.DEVNULL)
 
 
-def _why(plan: Plan, output: str) -> str:
-    why = launch.describe_failure(plan.cluster, output)
+def _why(plan: Plan, output: str, code: int | None) -> str:
+    why = launch.describe_failure(plan.cluster, output, code, plan.parallel)
     if relay.STALL_MESSAGE.decode() in output:
         # A stall has a cause elsewhere (a node or link gone): the node checks name it.
         red = doctor.red_node_checks(plan.cluster, None)
@@ -200,8 +200,9 @@ def execute(plan: Plan, inventory: str) -> Path:
                                           "exit_code": relayed.code,
                                           "wall_time_s": round(time.perf_counter() - start, 1)})
     if not finished:
-        raise TrainFailed(f"training failed (exit {relayed.code}): {_why(plan, relayed.output)}; "
-                          f"what arrived is in {plan.results}{runs.resume_hint(plan.results)}",
+        why = _why(plan, relayed.output, relayed.code)
+        raise TrainFailed(f"training failed (exit {relayed.code}): {why}; what arrived "
+                          f"is in {plan.results}{runs.resume_hint(plan.results)}",
                           code=relayed.code or 1)
     if not (plan.results / "loss.png").exists():
         # Nodes need no matplotlib: the controller draws the plot from the metrics.

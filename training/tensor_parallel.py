@@ -6,8 +6,9 @@ wrap `nn.Linear`, not the sharded layers. Here:
 1. `load` reads the model lazily, lets mlx-lm place and initialize the LoRA layers on the whole
    model (the same layers and random draws as one process), takes them off again, lets the
    model's own `shard()` split attention and MLP, and puts a `ShardedLoRALinear` around every
-   sharded layer that had LoRA. The weights are then read one layer at a time, each rank keeping
-   its shard only: no rank ever holds the whole model.
+   sharded layer that had LoRA, and splits the vocabulary (training/vocab_parallel.py). The
+   weights are then read one layer at a time, each rank keeping its shard only: no rank ever
+   holds the whole model.
 2. `ShardedLoRALinear` shards LoRA with its base layer. Column-parallel (all-to-sharded: the
    input is whole on every rank, the output split): `lora_b`'s output is split, `lora_a` is
    whole, and the rank-r activation sums its gradients across ranks on the way back (it feeds

@@ -110,7 +110,10 @@ RING = "iter 20/60  loss 4.2\n\x1b[33m[WARN] Node with rank 1 exited with code 2
 
 
 @pytest.mark.parametrize(("output", "description"), [
-    (KILLED, "rank 2 on node2 was killed by signal 9; last step reported: 10 of 100"),
+    (KILLED, "rank 2 on node2 was killed by signal 9; last step reported: 10 of 100; "
+             "a rank killed with SIGKILL is most often out of memory: --parallel tensor splits the model "
+             "across the nodes, each holding a shard of it; a smaller batch_size or max_micro_batch, or "
+             "grad_checkpoint, shrink the activations"),
     (EXITED, "rank 1 on node1 exited with status 1; last step reported: 10 of 40"),
     (CONFIG, "rank 1 on node1: batch_size 3 is not divisible by the 2 ranks; no step was reported"),
     (RING, "rank 1 on node1 exited with status 255; last step reported: 20 of 60"),
@@ -118,6 +121,15 @@ RING = "iter 20/60  loss 4.2\n\x1b[33m[WARN] Node with rank 1 exited with code 2
 ])
 def test_a_failed_launch_is_described_by_rank_node_and_last_step(output, description):
     assert describe_failure(layout(), output) == description
+
+
+def test_a_rank_killed_as_out_of_memory_is_told_to_shard_the_model():
+    ring = "\x1b[33m[WARN] Node with rank 0 exited with code -9 \x1b[0m\n"
+    assert describe_failure(layout(), ring).startswith("rank 0 on node1 exited with status -9")
+    assert "--parallel tensor splits the model" in describe_failure(layout(), ring)
+    # One process run directly: the shell's 137; in tensor parallelism, more nodes.
+    assert "more nodes give each a smaller shard" in describe_failure(layout(), "", 137, "tensor")
+    assert "out of memory" not in describe_failure(layout(), RING, 255)
 
 
 # --- the one builder --------------------------------------------------------------------------------
