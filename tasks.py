@@ -315,7 +315,7 @@ def bench_scaling(c, inventory=None, nodes=None, iters=30, batch_size=None, data
     if shares:
         bench_shares_module.run(rec, **common)
     elif parallel not in (None, "data"):
-        bench_tensor_module.run(rec, mode=parallel, **common)
+        bench_tensor_module.run(rec, mode=parallel, nodes=nodes, **common)
     else:
         bench_scaling_module.run(rec, nodes=nodes, **common)
 

@@ -5,8 +5,10 @@ wrap `nn.Linear`, not the sharded layers. Here:
 
 1. `load` reads the model lazily, lets mlx-lm place and initialize the LoRA layers on the whole
    model (the same layers and random draws as one process), takes them off again, lets the
-   model's own `shard()` split attention and MLP, and puts a `ShardedLoRALinear` around every
-   sharded layer that had LoRA, and splits the vocabulary (training/vocab_parallel.py). The
+   model's own `shard()` split attention and MLP (or, when the ranks do not divide its heads,
+   splits them by whole key-value head groups: training/head_groups.py), puts a
+   `ShardedLoRALinear` around every sharded layer that had LoRA, and splits the vocabulary
+   (training/vocab_parallel.py). The
    weights are then read one layer at a time, each rank keeping its shard only: no rank ever
    holds the whole model.
 2. `ShardedLoRALinear` shards LoRA with its base layer. Column-parallel (all-to-sharded: the
@@ -25,7 +27,6 @@ The data side is one data-parallel rank: every rank computes the same whole batc
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,12 +46,12 @@ from mlx_lm.tuner.lora import LoRALinear
 from mlx_lm.tuner.utils import linear_to_lora_layers
 from mlx_lm.utils import _get_classes
 
-from training import vocab_parallel
+from training import head_groups, vocab_parallel
 from training.config import ConfigError
 from training.distributed import DistributedError, detect_launch
 
-# What shard() splits into equal parts, one per rank.
-SHARDED_SIZES = ("num_attention_heads", "num_key_value_heads", "intermediate_size", "hidden_size")
+# What a model's own shard() splits into equal parts, one per rank.
+SHARDED_SIZES = ("num_attention_heads", "num_key_value_heads", "intermediate_size")
 COLUMN = (AllToShardedLinear, QuantizedAllToShardedLinear)
 ROW = (ShardedToAllLinear, QuantizedShardedToAllLinear)
 
@@ -58,39 +59,48 @@ ROW = (ShardedToAllLinear, QuantizedShardedToAllLinear)
 # --- the layer -------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Cut:
+    """The part of a whole matrix (`name`, of `total` along `axis`) one rank holds: [start, stop)."""
+
+    name: str
+    axis: int
+    start: int
+    stop: int
+    total: int
+
+
 class ShardedLoRALinear(nn.Module):
     """mlx-lm's LoRALinear around a sharded linear layer; the same parameter names and maths.
 
-    `sharded_axes` names the LoRA matrix this rank holds a part of, and the axis it is cut on.
+    `held`: the base layer's output rows (column-parallel) or input columns (row-parallel)
+    [start, stop) this rank holds; LoRA's matching part is `cut`.
     """
 
-    def __init__(self, base: nn.Module, lora: LoRALinear, group: Any):
+    def __init__(self, base: nn.Module, lora: LoRALinear, group: Any, held: tuple[int, int]):
         super().__init__()
         self.linear = base
         self.dropout = lora.dropout
         self.scale = lora.scale
         self.group = group
         self.column = isinstance(base, COLUMN)
-        size, rank = group.size(), group.rank()
+        start, stop = held
         if self.column:
             self.lora_a = lora.lora_a
-            self.lora_b = mx.split(lora.lora_b, size, axis=1)[rank]
+            self.lora_b = lora.lora_b[:, start:stop]
+            self.cut = Cut("lora_b", 1, start, stop, lora.lora_b.shape[1])
         else:
-            self.lora_a = mx.split(lora.lora_a, size, axis=0)[rank]
+            self.lora_a = lora.lora_a[start:stop]
             self.lora_b = lora.lora_b
-
-    @property
-    def sharded_axes(self) -> dict[str, int]:
-        return {"lora_b": 1} if self.column else {"lora_a": 0}
+            self.cut = Cut("lora_a", 0, start, stop, lora.lora_a.shape[0])
 
     def _dropped(self, x: mx.array) -> mx.array:
         if self.column or self.dropout._p_1 == 1 or not self.training:
             return self.dropout(x)
         # The input is this rank's slice of the features: draw the whole input's mask, as one
         # process does, and keep this rank's slice, so that dropout masks the same features.
-        size, rank, width = self.group.size(), self.group.rank(), x.shape[-1]
-        mask = mx.random.bernoulli(self.dropout._p_1, (*x.shape[:-1], width * size))
-        return (mask[..., rank * width:(rank + 1) * width] * x) * (1 / self.dropout._p_1)
+        mask = mx.random.bernoulli(self.dropout._p_1, (*x.shape[:-1], self.cut.total))
+        return (mask[..., self.cut.start:self.cut.stop] * x) * (1 / self.dropout._p_1)
 
     def __call__(self, x: mx.array) -> mx.array:
         y = self.linear(x)
@@ -123,16 +133,22 @@ def shard_problems(
     if not (has_shard(config) if shardable is None else shardable):
         return [f"model {name} ({config.get('model_type', 'no model_type')}) cannot be sharded: mlx-lm "
                 "has no shard() for its architecture; train it with --parallel data"]
-    sizes = {key: config[key] for key in SHARDED_SIZES if isinstance(config.get(key), int)}
-    undivided = [f"{key} is {value}" for key, value in sizes.items() if value % ranks]
-    if not undivided:
+    undivided = _undivided(config, ranks)
+    if not undivided or head_groups.splits(config, ranks):
         return []
-    common = math.gcd(*sizes.values())
-    fits = [str(n) for n in range(2, common + 1) if common % n == 0][:6]
-    return [f"model {name}: {', '.join(undivided)}, which {ranks} ranks do not divide: each rank "
-            "takes an equal part of the attention heads and MLP; "
-            + (f"this model shards across {' or '.join(fits)} ranks" if fits
-               else "no number of ranks divides them all: train it with --parallel data")]
+    groups = config.get("num_key_value_heads") or config.get("num_attention_heads")
+    problem = f"model {name}: {', '.join(undivided)}, which {ranks} ranks do not divide, and "
+    if not isinstance(groups, int) or groups < 2:
+        return [problem + "its attention has one key-value head, which no rank can share: train it "
+                "with --parallel data"]
+    return [problem + f"its {groups} key-value head groups cannot go whole to each of {ranks} ranks: "
+            f"it shards across at most {groups} ranks"]
+
+
+def _undivided(config: Mapping[str, Any], ranks: int) -> list[str]:
+    """The sizes the model's own shard() would split into equal parts that `ranks` do not divide."""
+    return [f"{key} is {config[key]}" for key in SHARDED_SIZES
+            if isinstance(config.get(key), int) and config[key] % ranks]
 
 
 def _evaluate_by_layer(model: nn.Module) -> None:
@@ -162,11 +178,12 @@ def load(
     after_init = mx.random.state[0]
     loras = {path: m for path, m in model.named_modules() if isinstance(m, LoRALinear)}
     model.update_modules(tree_unflatten([(path, m.linear) for path, m in loras.items()]))
-    model.shard(group)  # its new layers draw random placeholders: the RNG is set back after
+    held = _shard(model, config, group)  # new layers draw random placeholders: the RNG is set back
     layers = dict(model.named_modules())
     model.update_modules(tree_unflatten([
-        (path, ShardedLoRALinear(layers[path], lora, group) if isinstance(layers[path], COLUMN + ROW)
-         else _rewrapped(lora, layers[path]))
+        (path, ShardedLoRALinear(layers[path], lora, group, held.get(id(layers[path]))
+                                 or _equal_part(layers[path], lora, group))
+         if isinstance(layers[path], COLUMN + ROW) else _rewrapped(lora, layers[path]))
         for path, lora in loras.items()
     ]))
     vocab_parallel.shard_vocab(model, group)
@@ -176,6 +193,25 @@ def load(
     mx.random.seed((high << 32) | low)
     _evaluate_by_layer(model)
     return model, tokenizer
+
+
+def _shard(model: nn.Module, config: Mapping[str, Any], group: Any) -> dict[int, tuple[int, int]]:
+    """Split the model across `group`: by its own shard() when the ranks divide its heads and MLP,
+    else by whole key-value head groups (training/head_groups.py). The part each layer sharded
+    that way holds, by the layer's id (none: the model's own shard(), equal parts)."""
+    if not _undivided(config, group.size()):
+        model.shard(group)
+        return {}
+    if why := head_groups.fits(model):
+        raise ConfigError(f"the {group.size()} ranks do not divide the attention heads of this model, "
+                          f"and its key-value head groups cannot be split unevenly: {why}")
+    return {id(layer): part for layer, part in head_groups.shard(model, group)}
+
+
+def _equal_part(base: nn.Module, lora: LoRALinear, group: Any) -> tuple[int, int]:
+    """The part of a layer the model's own shard() gave this rank: an equal one."""
+    total = lora.lora_b.shape[1] if isinstance(base, COLUMN) else lora.lora_a.shape[0]
+    return vocab_parallel.bounds(total, group.size(), group.rank())
 
 
 def _rewrapped(lora: LoRALinear, base: nn.Module) -> LoRALinear:
@@ -200,24 +236,21 @@ class OneRank:
 
 @dataclass(frozen=True)
 class Layout:
-    """How the trainable parameters lie across the ranks: `axes` maps each sharded one to the axis
-    it is cut on (empty: every rank holds every parameter whole, as in data parallelism)."""
+    """How the trainable parameters lie across the ranks: `cuts` maps each sharded one to the part
+    of it this rank holds (empty: every rank holds every parameter whole, as in data parallelism)."""
 
     parallel: str
     group: Any
-    axes: Mapping[str, int] = field(default_factory=dict)
+    cuts: Mapping[str, Cut] = field(default_factory=dict)
     vocab: vocab_parallel.VocabShard | None = None  # this rank's slice of the vocabulary, if split
 
     @classmethod
     def of(cls, parallel: str, group: Any, model: nn.Module) -> Layout:
         modules = model.named_modules()
-        axes = {
-            f"{path}.{name}": axis
-            for path, module in modules if isinstance(module, ShardedLoRALinear)
-            for name, axis in module.sharded_axes.items()
-        }
+        cuts = {f"{path}.{module.cut.name}": module.cut
+                for path, module in modules if isinstance(module, ShardedLoRALinear)}
         vocab = [module for _, module in modules if isinstance(module, vocab_parallel.VocabShard)]
-        return cls(parallel, group, axes, vocab[0] if vocab else None)
+        return cls(parallel, group, cuts, vocab[0] if vocab else None)
 
     @property
     def cross_entropy(self) -> Callable[[mx.array, mx.array], mx.array]:
@@ -238,50 +271,51 @@ class Layout:
         """Whether this rank's tokens count in the run's sums (each batch's once, not once per shard)."""
         return not self.tensor or self.group.rank() == 0
 
-    def axis(self, name: str) -> int | None:
-        """The axis `name` (a parameter, or an optimizer state of one: `<param>.m`) is cut on."""
-        for param, axis in self.axes.items():
+    def cut(self, name: str) -> Cut | None:
+        """The part of `name` (a parameter, or an optimizer state of one: `<param>.m`) this rank holds."""
+        for param, cut in self.cuts.items():
             if name == param or name.startswith(param + "."):
-                return axis
+                return cut
         return None
 
     def whole(self, arrays: Mapping[str, mx.array]) -> dict[str, mx.array]:
-        """Every rank's shards joined into whole arrays, on every rank (a collective when sharded)."""
+        """Every rank's parts joined into whole arrays, on every rank (a collective when sharded):
+        each rank's part in place among zeros, summed across the ranks (parts may differ in size,
+        which all_gather does not allow; adding zeros is exact)."""
         out = {}
         for name in sorted(arrays):  # the same order on every rank
-            axis = self.axis(name)
-            value = arrays[name]
-            if axis is not None:
-                # all_gather joins along the first axis.
-                first = mx.moveaxis(value, axis, 0)
-                joined = mx.distributed.all_gather(first, group=self.group, stream=mx.cpu)
-                value = mx.moveaxis(joined, 0, axis)
+            value, cut = arrays[name], self.cut(name)
+            if cut is not None:
+                pad = [(0, 0)] * value.ndim
+                pad[cut.axis] = (cut.start, cut.total - cut.stop)
+                value = mx.distributed.all_sum(mx.pad(value, pad), group=self.group, stream=mx.cpu)
             out[name] = value
         mx.eval(out)
         return out
 
     def shard(self, arrays: Mapping[str, mx.array]) -> dict[str, mx.array]:
         """This rank's part of whole arrays."""
-        return {
-            name: value if (axis := self.axis(name)) is None
-            else mx.split(value, self.group.size(), axis=axis)[self.group.rank()]
-            for name, value in arrays.items()
-        }
+        out = {}
+        for name, value in arrays.items():
+            if (cut := self.cut(name)) is not None:
+                index = [slice(None)] * value.ndim
+                index[cut.axis] = slice(cut.start, cut.stop)
+                value = value[tuple(index)]
+            out[name] = value
+        return out
 
     def replicated(self, model: nn.Module) -> dict[str, mx.array]:
         """The trainable parameters every rank holds whole (and must hold equal)."""
-        return {k: v for k, v in tree_flatten(model.trainable_parameters()) if self.axis(k) is None}
+        return {k: v for k, v in tree_flatten(model.trainable_parameters()) if self.cut(k) is None}
 
 
 def check_collectives(group: Any, environ: Mapping[str, str]) -> None:
     """Stop (DistributedError) when the ranks' backend lacks a collective tensor parallelism needs:
-    all_sum in the sharded layers, all_max in the loss of a split vocabulary, all_gather to gather
-    the adapters."""
+    all_sum in the sharded layers and to gather the adapters, all_max in the loss of a split
+    vocabulary."""
     launch = detect_launch(environ)
     backend = launch.backend if launch else "default"
-    ops = (("all_sum", mx.distributed.all_sum), ("all_max", mx.distributed.all_max),
-           ("all_gather", mx.distributed.all_gather))
-    for name, op in ops:
+    for name, op in (("all_sum", mx.distributed.all_sum), ("all_max", mx.distributed.all_max)):
         try:
             mx.eval(op(mx.ones((2,)), group=group, stream=mx.cpu))
         except RuntimeError as error:

@@ -76,16 +76,22 @@ def table(result: Mapping[str, Any]) -> Any:
     return t
 
 
-def run(rec: Recorded, *, mode: str = "tensor", iters: int = 30, batch_size: int | None = None,
-        data: str | None = None, model: str | None = None, threads: int | None = None, extra: str = "",
-        output: str | None = None) -> Path:
-    """One process on the first node, then every node in tensor parallelism; the JSON written."""
+def run(rec: Recorded, *, mode: str = "tensor", nodes: str | None = None, iters: int = 30,
+        batch_size: int | None = None, data: str | None = None, model: str | None = None,
+        threads: int | None = None, extra: str = "", output: str | None = None) -> Path:
+    """One process on the first node, then the first `nodes` (default: every training node) in
+    tensor parallelism; the JSON written."""
     from rich.console import Console
 
     if mode != "tensor":
         raise UserError(f"--parallel {mode}: bench.scaling compares data (its default) or tensor")
+    available = len(rec.cluster.training_nodes)
+    if nodes and (not str(nodes).isdigit() or not 2 <= int(nodes) <= available):
+        raise UserError(f"--nodes {nodes}: with --parallel tensor, how many nodes hold a shard, from 2 "
+                        f"to the {available} training nodes")
+    sharded = rec.cluster.first_nodes(int(nodes)) if nodes else rec.cluster
     data_dir, model_dir = inputs.resolve(rec.cluster, data, model)
-    parallel.check(rec.cluster, model_dir, "tensor")
+    parallel.check(sharded, model_dir, "tensor")
     doctor.preflight(rec.cluster, inputs.model_bytes(model_dir))
     batch = batch_size or 4
     overrides = ["--iters", str(iters), "--batch-size", str(batch), "--steps-per-report", "5",
@@ -93,7 +99,7 @@ def run(rec: Recorded, *, mode: str = "tensor", iters: int = 30, batch_size: int
                  *shlex.split(extra)]
     run_dirs = {}
     for name, layout, flags in (("single", rec.cluster.first_nodes(1), []),
-                                ("tensor", rec.cluster, ["--parallel", "tensor"])):
+                                ("tensor", sharded, ["--parallel", "tensor"])):
         print(f"==> tensor: {iters} steps of batch {batch} on {layout.world_size} "
               f"rank{'s' if layout.world_size > 1 else ''} ({name})", flush=True)
         request = train.Request(data_dir, model_dir, overrides=[*overrides, *flags], threads=threads,

@@ -85,18 +85,31 @@ def test_train_runs_on_both_nodes_over_the_link_and_brings_results_back(provisio
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def test_ring_backend_trains_with_mlx_launch_and_the_rendered_hosts_json(provisioned, tiny_inputs):
+def test_ring_backend_trains_a_sharded_model_with_mlx_launch_and_the_rendered_hosts_json(provisioned,
+                                                                                      tiny_inputs):
+    # Tensor parallelism (each node half of every layer) over MLX's ring backend, as a user asks.
     model_dir, data_dir = tiny_inputs
-    run_dir = finished_run(invoke_train(
-        provisioned, "--backend", "ring", "--model", str(model_dir), "--data", str(data_dir),
-        "--iters", "4", "--batch-size", "2", "--extra",
-        "--steps-per-report 2 --steps-per-eval 4 --val-batches 1 --num-layers 1 --max-seq-length 512"))
+    proc = invoke_train(
+        provisioned, "--backend", "ring", "--parallel", "tensor", "--model", str(model_dir), "--data",
+        str(data_dir), "--iters", "4", "--batch-size", "2", "--extra",
+        "--steps-per-report 2 --steps-per-eval 4 --val-batches 1 --num-layers 1 --max-seq-length 512")
+    run_dir = finished_run(proc)
+    assert "==> tensor parallel: each of the 2 ranks holds 1/2 of every layer" in proc.stdout
     try:
         summary = json.loads((run_dir / "summary.json").read_text())
-        assert summary["world_size"] == 2
+        assert summary["world_size"] == 2 and summary["parallel"] == "tensor"
+        # The LoRA matrices every rank holds whole are equal on both.
         assert summary["max_weight_difference_across_ranks"] == 0.0
+        assert len(summary["peak_memory_gb_per_rank"]) == 2
         # Each ring rank sourced its env.sh: venv python, OpenBLAS preloaded.
         assert summary["ranks_with_openblas"] == 2
+        # The adapters came back gathered: one process's file, every matrix whole.
+        import mlx.core as mx
+
+        adapters = mx.load(str(run_dir / "adapters.safetensors"))
+        hidden = json.loads((model_dir / "config.json").read_text())["hidden_size"]
+        assert {w.shape for name, w in adapters.items() if name.endswith("o_proj.lora_a")} == {(hidden, 8)}
+        assert {w.shape for name, w in adapters.items() if name.endswith("q_proj.lora_b")} == {(8, hidden)}
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 

@@ -52,11 +52,11 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def tiny_model(path: Path, *, quantized: bool = False) -> Model:
-    """A 2-layer llama saved as an mlx-lm directory (float32, or 4-bit)."""
+def tiny_model(path: Path, *, quantized: bool = False, **changes: Any) -> Model:
+    """A 2-layer llama saved as an mlx-lm directory (float32, or 4-bit); `changes` to its config."""
     mx.random.seed(0)
-    model = Model(ModelArgs(**TINY))
-    config: dict[str, Any] = dict(TINY)
+    model = Model(ModelArgs(**(TINY | changes)))
+    config: dict[str, Any] = TINY | changes
     if quantized:
         nn.quantize(model, group_size=32, bits=4)
         config["quantization"] = {"group_size": 32, "bits": 4}

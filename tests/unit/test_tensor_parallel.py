@@ -21,6 +21,7 @@ from mlx_lm import generate, load
 from mlxcluster import parallel
 from mlxcluster.errors import UserError
 from tests.unit.test_finetune import run_launcher, training_args
+from tests.unit.test_model import tiny_model
 from tests.unit.test_shares_training import adapters, losses, max_difference, uneven_run  # noqa: F401
 from training import finetune as ft
 from training.tensor_parallel import shard_problems
@@ -84,13 +85,18 @@ def test_mlx_lm_loads_and_generates_with_the_gathered_adapters(tensor: Path):
     assert isinstance(text, str)
 
 
-def test_dropout_masks_the_features_one_process_masks(tensor: Path):
-    # Row-parallel layers see a slice of the features: their dropout draws the whole input's mask.
-    root = tensor
-    single_run(root, "single-dropout", "--lora-dropout", "0.3")
-    tensor_run(root, "tensor-dropout", "--lora-dropout", "0.3")
-    assert max_difference(root / "single-dropout", root / "tensor-dropout") < 1e-4
-    assert max_difference(root / "single", root / "single-dropout") > 1e-3  # dropout did something
+def test_ranks_that_do_not_divide_the_heads_split_them_by_key_value_groups(tensor: Path):
+    # 6 query heads in 3 key-value groups over 2 ranks: 2 groups and 1; 125 MLP units: 63 and 62.
+    # Dropout on: row-parallel layers see a slice of the features, and draw the whole input's mask.
+    root = tensor / "groups"
+    tiny_model(root / "model", hidden_size=96, num_attention_heads=6, num_key_value_heads=3,
+               intermediate_size=125)
+    shutil.copytree(tensor / "data", root / "data")
+    single_run(root, "single", "--lora-dropout", "0.3")
+    tensor_run(root, "tensor", "--lora-dropout", "0.3")
+    assert max_difference(root / "single", root / "tensor") < 1e-4
+    for key in ("train_loss", "val_loss"):
+        assert losses(root / "tensor", key) == pytest.approx(losses(root / "single", key), abs=1e-4)
 
 
 def test_a_tensor_parallel_run_resumes_from_its_checkpoint(tensor: Path):
@@ -113,15 +119,14 @@ def test_one_process_is_refused_tensor_parallelism(tensor: Path, capsys: pytest.
     assert "parallel tensor needs at least 2 ranks" in capsys.readouterr().err
 
 
-def test_a_model_is_refused_when_the_ranks_do_not_divide_its_heads():
+def test_a_model_is_refused_when_a_rank_would_get_no_whole_key_value_group():
     smollm2 = {"model_type": "llama", "num_attention_heads": 9, "num_key_value_heads": 3,
                "intermediate_size": 1536, "hidden_size": 576}
-    assert shard_problems(smollm2, 3, "smollm2") == []
-    [problem] = shard_problems(smollm2, 2, "smollm2")
-    assert "num_attention_heads is 9, num_key_value_heads is 3, which 2 ranks do not divide" in problem
-    assert problem.endswith("this model shards across 3 ranks")
-    odd = smollm2 | {"num_attention_heads": 7, "num_key_value_heads": 7}
-    assert "no number of ranks divides them all" in shard_problems(odd, 2, "odd")[0]
+    assert shard_problems(smollm2, 3, "smollm2") == []  # the model's own shard()
+    assert shard_problems(smollm2, 2, "smollm2") == []  # 2 key-value groups and 1
+    [problem] = shard_problems(smollm2, 4, "smollm2")
+    assert "num_attention_heads is 9, num_key_value_heads is 3, which 4 ranks do not divide" in problem
+    assert problem.endswith("it shards across at most 3 ranks")
 
 
 def test_a_model_without_shard_is_refused():
@@ -131,9 +136,10 @@ def test_a_model_without_shard_is_refused():
 
 
 def test_the_controller_refuses_before_syncing_anything(tmp_path: Path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "num_attention_heads": 9}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "num_attention_heads": 9,
+                                                      "num_key_value_heads": 1}))
     two, one = SimpleNamespace(world_size=2), SimpleNamespace(world_size=1)
-    with pytest.raises(UserError, match="num_attention_heads is 9, which 2 ranks do not divide"):
+    with pytest.raises(UserError, match="heads is 1, which 2 ranks do not divide, and its attention has one"):
         parallel.check(two, tmp_path, "tensor")  # type: ignore[arg-type]
     assert "this cluster trains on 1" in parallel.problems(one, tmp_path, "tensor")[0]  # type: ignore[arg-type]
     assert parallel.problems(two, tmp_path, "data") == []  # type: ignore[arg-type]
