@@ -378,6 +378,34 @@ def red_node_checks(cluster: Cluster, model_bytes: int | None) -> list[Check]:
     return [c for c in diagnose(cluster, rendered, model_bytes, mpi_jobs=False) if not c.ok]
 
 
+# The kernel's count of processes its out-of-memory killer ended (Linux; none on macOS, whose
+# jetsam kills with SIGKILL, which a failed launch's exit status shows).
+OOM_KILLS = "awk '/^oom_kill /{print $2}' /proc/vmstat 2>/dev/null"
+
+
+def oom_kills(cluster: Cluster, timeout: float = 20) -> dict[str, int | None]:
+    """Each training node's count of out-of-memory kills (None: unknown), read at once: read
+    before and after a run, a rise names the nodes that ran out of memory."""
+
+    def count(node: Node) -> int | None:
+        try:
+            proc = subprocess.run(remote.ssh_command(node, OOM_KILLS, connect_timeout=5), capture_output=True,
+                                  text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return None
+        return int(proc.stdout) if proc.returncode == 0 and proc.stdout.strip().isdigit() else None
+
+    nodes = cluster.training_nodes
+    with ThreadPoolExecutor(max_workers=max(len(nodes), 1)) as pool:
+        return dict(zip((n.name for n in nodes), pool.map(count, nodes), strict=True))
+
+
+def ran_out_of_memory(before: Mapping[str, int | None], after: Mapping[str, int | None]) -> list[str]:
+    """The nodes whose out-of-memory kills rose between the two readings."""
+    return [name for name, was in before.items()
+            if was is not None and (after.get(name) or 0) > was]
+
+
 def preflight(cluster: Cluster, model_bytes: int | None) -> None:
     """invoke doctor's per-node checks (not its MPI jobs: the launch is one): stop on any red."""
     from rich.console import Console

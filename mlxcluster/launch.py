@@ -279,21 +279,27 @@ def killed(output: str, code: int | None = None) -> bool:
     return "9" in signalled or "-9" in signalled or code in (137, -9)
 
 
-def out_of_memory_hint(parallel: str) -> str:
+def out_of_memory_hint(parallel: str, sure: bool = False) -> str:
     fix = ("--parallel tensor splits the model across the nodes, each holding a shard of it"
            if parallel != "tensor" else "more nodes give each a smaller shard of the model")
-    return (f"a rank killed with SIGKILL is most often out of memory: {fix}; a smaller batch_size or "
-            "max_micro_batch, or grad_checkpoint, shrink the activations")
+    why = "" if sure else "a rank killed with SIGKILL is most often out of memory: "
+    return (f"{why}{fix}; a smaller batch_size or max_micro_batch, or grad_checkpoint, shrink the "
+            "activations")
 
 
-def describe_failure(cluster: Cluster, output: str, code: int | None = None, parallel: str = "data") -> str:
+def describe_failure(cluster: Cluster, output: str, code: int | None = None, parallel: str = "data",
+                     out_of_memory: Sequence[str] = ()) -> str:
     """What a failed training launch's output says: which rank on which node, the last step, and
-    what to do when a rank was killed as the out-of-memory killer kills."""
+    what to do when the nodes `out_of_memory` ran out of it (their kernel's count of out-of-memory
+    kills rose), or a rank was killed as the out-of-memory killer kills."""
     parts = [part] if (part := _which_rank(cluster, output)) else []
     steps = _LAST_STEP.findall(output)
     parts.append(f"last step reported: {steps[-1][0]} of {steps[-1][1]}" if steps
                  else "no step was reported")
-    if killed(output, code):
+    if out_of_memory:
+        parts.append(f"out of memory: the kernel's out-of-memory killer ended a process on "
+                     f"{', '.join(out_of_memory)} during the run; {out_of_memory_hint(parallel, sure=True)}")
+    elif killed(output, code):
         parts.append(out_of_memory_hint(parallel))
     return "; ".join(parts)
 

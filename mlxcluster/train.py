@@ -133,8 +133,9 @@ def collect(plan: Plan, timeout: float | None = None) -> None:
                    stdin=subprocess.DEVNULL)
 
 
-def _why(plan: Plan, output: str, code: int | None) -> str:
-    why = launch.describe_failure(plan.cluster, output, code, plan.parallel)
+def _why(plan: Plan, output: str, code: int | None, oom_before: Mapping[str, int | None]) -> str:
+    out_of_memory = doctor.ran_out_of_memory(oom_before, doctor.oom_kills(plan.cluster))
+    why = launch.describe_failure(plan.cluster, output, code, plan.parallel, out_of_memory)
     if relay.STALL_MESSAGE.decode() in output:
         # A stall has a cause elsewhere (a node or link gone): the node checks name it.
         red = doctor.red_node_checks(plan.cluster, None)
@@ -181,6 +182,7 @@ def execute(plan: Plan, inventory: str) -> Path:
     if plan.resume:
         info["attempts"] = runs.read_info(plan.results).get("attempts", 1) + 1
     runs.write_info(plan.results, info)
+    oom_before = doctor.oom_kills(plan.cluster)
     start = time.perf_counter()
     try:
         relayed = relay.supervise(plan.cluster, plan.launch, plan.marker)
@@ -200,7 +202,7 @@ def execute(plan: Plan, inventory: str) -> Path:
                                           "exit_code": relayed.code,
                                           "wall_time_s": round(time.perf_counter() - start, 1)})
     if not finished:
-        why = _why(plan, relayed.output, relayed.code)
+        why = _why(plan, relayed.output, relayed.code, oom_before)
         raise TrainFailed(f"training failed (exit {relayed.code}): {why}; what arrived "
                           f"is in {plan.results}{runs.resume_hint(plan.results)}",
                           code=relayed.code or 1)

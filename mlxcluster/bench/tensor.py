@@ -44,11 +44,14 @@ def plot(runs: Mapping[str, Path], output: Path, title: str) -> Path:
 
     figure = Figure(figsize=(7, 4.2), layout="constrained")
     axes = figure.add_subplot()
-    for (label, run_dir), color in zip(runs.items(), ("tab:blue", "tab:red"), strict=False):
+    # The first run wide and pale beneath, the next narrow on top: equal curves stay both visible.
+    looks = ({"color": "tab:blue", "linewidth": 6, "markersize": 10, "alpha": 0.35},
+             {"color": "tab:red", "linewidth": 1.5, "markersize": 4, "alpha": 1.0})
+    for (label, run_dir), look in zip(runs.items(), looks, strict=False):
         records = report.read_metrics(run_dir / "metrics.jsonl")
         for key, style in (("train_loss", "-"), ("val_loss", "o--")):
             xs, ys = report.loss_series(records, key)
-            axes.plot(xs, ys, style, color=color, label=f"{label}, {key.split('_')[0]}", alpha=0.8)
+            axes.plot(xs, ys, style, label=f"{label}, {key.split('_')[0]}", **look)
     axes.set_xlabel("iteration")
     axes.set_ylabel("loss")
     axes.set_title(title)

@@ -130,6 +130,10 @@ def test_a_rank_killed_as_out_of_memory_is_told_to_shard_the_model():
     # One process run directly: the shell's 137; in tensor parallelism, more nodes.
     assert "more nodes give each a smaller shard" in describe_failure(layout(), "", 137, "tensor")
     assert "out of memory" not in describe_failure(layout(), RING, 255)
+    # The node's kernel counted an out-of-memory kill: said for sure, whatever the exit status.
+    told = describe_failure(layout(), RING, 255, "data", ["node1"])
+    assert "out of memory: the kernel's out-of-memory killer ended a process on node1" in told
+    assert "--parallel tensor splits the model" in told and "most often" not in told
 
 
 # --- the one builder --------------------------------------------------------------------------------
