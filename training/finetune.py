@@ -139,19 +139,20 @@ def load_model_and_data(config: FinetuneConfig, group: Any) -> Loaded:
     """The model with LoRA layers (from resume_adapter_file's weights if given), and the data.
     In tensor parallelism, this rank's shard of the model (training/tensor_parallel.py)."""
     started = time.monotonic()
-    # Same seeds on every rank: the LoRA matrices start equal everywhere (mlx). The batch order has
-    # its own RNG from the same seed (training/batches.py); numpy's global one is seeded for anything
-    # else that draws from it.
-    mx.random.seed(config.seed)
-    np.random.seed(config.seed)
     lora_parameters = mlx_lm_args(config)["lora_parameters"]
+    # Same seeds on every rank, after the model is built: the LoRA matrices start equal everywhere
+    # (mlx), and equal to one process's in tensor parallelism. The batch order has its own RNG from
+    # the same seed (training/batches.py); numpy's global one is seeded for anything else.
     if config.parallel == "tensor":
-        model, tokenizer = tensor_parallel.load(config.model, group, config.num_layers, lora_parameters)
+        model, tokenizer = tensor_parallel.load(config.model, group, config.num_layers, lora_parameters,
+                                                seed=config.seed)
     else:
         model, tokenizer = load(config.model)
         tensor_parallel.check_num_layers(model, config.num_layers)
+        mx.random.seed(config.seed)
         model.freeze()
         linear_to_lora_layers(model, config.num_layers, lora_parameters)
+    np.random.seed(config.seed)
     train_set, valid_set = load_data(config, tokenizer)
     # Tokenized once, on first use, for the training loop and the last validation alike.
     valid = CacheDataset(valid_set) if valid_set else None

@@ -165,14 +165,16 @@ def check_num_layers(model: nn.Module, num_layers: int) -> None:
 
 
 def load(
-    model_name: str, group: Any, num_layers: int, lora_parameters: dict[str, Any]
+    model_name: str, group: Any, num_layers: int, lora_parameters: dict[str, Any], seed: int
 ) -> tuple[nn.Module, Any]:
     """This rank's shard of the model with its LoRA layers, and the tokenizer. The LoRA layers are
-    placed and initialized as mlx-lm does for one process (seed mx.random before calling)."""
+    placed and initialized as mlx-lm does for one process that seeds mx.random with `seed` once its
+    model is built."""
     model, tokenizer, config = mlx_lm_load(model_name, lazy=True, return_config=True)
     if problems := shard_problems(config, group.size(), model_name, hasattr(model, "shard")):
         raise ConfigError("cannot train with parallel: tensor:\n  " + "\n  ".join(problems))
     check_num_layers(model, num_layers)
+    mx.random.seed(seed)
     model.freeze()
     linear_to_lora_layers(model, num_layers, lora_parameters)
     after_init = mx.random.state[0]

@@ -15,7 +15,6 @@ import mlx.core as mx
 import pytest
 
 from tests.unit.test_finetune import run_launcher, training_args
-from tests.unit.test_model import tiny_model
 from training import finetune as ft
 from training import report
 
@@ -44,19 +43,6 @@ def max_difference(a: Path, b: Path) -> float:
 
 def losses(run: Path, key: str) -> list[float]:
     return [r[key] for r in report.read_metrics(run / "metrics.jsonl") if key in r]
-
-
-@pytest.fixture(scope="module")
-def uneven_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny llama, uneven chat data, and one single-process run over them (global batch 4)."""
-    root = tmp_path_factory.mktemp("shares")
-    tiny_model(root / "model")
-    (root / "data").mkdir()
-    (root / "data" / "train.jsonl").write_text("".join(json.dumps(uneven(i)) + "\n" for i in range(24)))
-    (root / "data" / "valid.jsonl").write_text("".join(json.dumps(uneven(i)) + "\n" for i in range(500, 508)))
-    with contextlib.redirect_stdout(io.StringIO()):
-        assert ft.main(training_args(root / "model", root / "data", root / "single"), environ={}) == 0
-    return root
 
 
 def test_two_ranks_with_shares_3_to_1_train_the_adapters_of_one_process(uneven_run: Path):

@@ -22,7 +22,7 @@ from mlxcluster import parallel
 from mlxcluster.errors import UserError
 from tests.unit.test_finetune import run_launcher, training_args
 from tests.unit.test_model import tiny_model
-from tests.unit.test_shares_training import adapters, losses, max_difference, uneven_run  # noqa: F401
+from tests.unit.test_shares_training import adapters, losses, max_difference
 from training import finetune as ft
 from training.tensor_parallel import shard_problems
 from training.vocab_parallel import bounds
@@ -50,7 +50,7 @@ def single_run(root: Path, out: str, *extra: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def tensor(uneven_run: Path) -> Path:  # noqa: F811
+def tensor(uneven_run: Path) -> Path:
     (uneven_run / "tensor.out").write_text(tensor_run(uneven_run, "tensor"))
     return uneven_run
 
