@@ -22,7 +22,7 @@ from typing import Any
 
 from mlxcluster import inputs, launch, remote
 from mlxcluster.backends import RDMA_HOWTO
-from mlxcluster.cluster import Cluster, Node, hostfile_entries
+from mlxcluster.cluster import Cluster, Node, Recorded, hostfile_entries
 from mlxcluster.errors import UserError
 
 PROBE = Path(__file__).with_name("probe.py")
@@ -436,8 +436,8 @@ def report(checks: Sequence[Check], cluster: Cluster, seconds: float, *, as_json
         console.print(f"[green]{summary}[/]")
 
 
-def run(rec: Any, model: str | None, as_json: bool = False) -> None:
-    """invoke doctor: every check of the recorded cluster (`rec`: cluster.Recorded), reported; the
+def run(rec: Recorded, model: str | None, as_json: bool = False) -> None:
+    """invoke doctor: every check of the recorded cluster, reported; the
     memory and disk checks against `model` (default: the provisioned or embedded model)."""
     start = time.perf_counter()
     model_dir = Path(model) if model else inputs.checked_model(rec.cluster)

@@ -4,8 +4,8 @@ Data parallelism keeps a whole model on every rank and splits each batch; the la
 cluster can fine-tune is then the largest its smallest Mac holds. Tensor parallelism splits the
 model instead (training/tensor_parallel.py): every rank holds a shard of each layer and all ranks
 train on the whole batch together. Here the controller refuses, before anything is synced, the
-runs the nodes would refuse after loading: one rank, a model mlx-lm cannot shard, a number of
-ranks that does not divide the model's attention heads.
+runs the nodes would refuse after loading: one rank, a model mlx-lm cannot shard, more ranks than
+key-value head groups when the ranks do not divide the model's attention heads.
 """
 
 from __future__ import annotations

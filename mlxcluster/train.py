@@ -22,6 +22,7 @@ from mlxcluster import batch_shares, doctor, inputs, launch, local, parallel, pr
 from mlxcluster.cluster import Cluster, Recorded, recorded
 from mlxcluster.errors import Interrupted, UserError
 from mlxcluster.paths import REPO, RUNS
+from training.config import FinetuneConfig
 from training.manifest import manifest_sha256
 
 
@@ -61,7 +62,6 @@ class Plan:
     pull: list[str]
     backend_why: str = ""  # why this backend (mlxcluster/backends.py)
     shares: batch_shares.Shares | None = None  # None: equal shares, as training does by itself
-    parallel: str = "data"  # or tensor: how the ranks split the work (mlxcluster/parallel.py)
 
     @property
     def results(self) -> Path:
@@ -108,8 +108,7 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
                      btl_tcp_links=request.btl_tcp_links, threads=request.threads,
                      interactive=request.interactive, mlx_envs=request.mlx_envs)
     return Plan(cluster, request, run_id, resume, backend, steps, launch.command(cluster, job),
-                sync.pull(cluster.head, run_dir, RUNS / run_id), backend_why=choice.why, shares=shared,
-                parallel=request.parallel)
+                sync.pull(cluster.head, run_dir, RUNS / run_id), backend_why=choice.why, shares=shared)
 
 
 def show(plan: Plan, notes: Sequence[str] = ()) -> None:
@@ -120,7 +119,7 @@ def show(plan: Plan, notes: Sequence[str] = ()) -> None:
         print(f"# backend {plan.backend}: {plan.backend_why}")
     if plan.shares:
         print(f"# {shares_line(plan.shares)}")
-    if tensor := parallel.line(plan.cluster, plan.parallel):
+    if tensor := parallel.line(plan.cluster, plan.request.parallel):
         print(f"# {tensor}")
     sync.run_steps(plan.steps, dry_run=True)
     print(f"# launch on {plan.cluster.head.name}\n{shlex.join(plan.launch)}")
@@ -135,7 +134,7 @@ def collect(plan: Plan, timeout: float | None = None) -> None:
 
 def _why(plan: Plan, output: str, code: int | None, oom_before: Mapping[str, int | None]) -> str:
     out_of_memory = doctor.ran_out_of_memory(oom_before, doctor.oom_kills(plan.cluster))
-    why = launch.describe_failure(plan.cluster, output, code, plan.parallel, out_of_memory)
+    why = launch.describe_failure(plan.cluster, output, code, plan.request.parallel, out_of_memory)
     if relay.STALL_MESSAGE.decode() in output:
         # A stall has a cause elsewhere (a node or link gone): the node checks name it.
         red = doctor.red_node_checks(plan.cluster, None)
@@ -162,7 +161,7 @@ def execute(plan: Plan, inventory: str) -> Path:
         print(f"==> backend {plan.backend}: {plan.backend_why}", flush=True)
     if plan.shares:
         print(f"==> {shares_line(plan.shares)}", flush=True)
-    if tensor := parallel.line(plan.cluster, plan.parallel):
+    if tensor := parallel.line(plan.cluster, plan.request.parallel):
         print(f"==> {tensor}", flush=True)
     print(f"==> {'resuming run ' + plan.run_id if plan.resume else 'training'} on {ranks} ({how}); "
           "rank 0 reports:", flush=True)
@@ -175,7 +174,7 @@ def execute(plan: Plan, inventory: str) -> Path:
             "backend_why": plan.backend_why,
             "batch_shares": plan.shares.shares if plan.shares else None,
             "batch_shares_why": plan.shares.why if plan.shares else None,
-            "parallel": plan.parallel,
+            "parallel": plan.request.parallel,
             "status": "running", "exit_code": None,
             "wall_time_s": None, "sync_s": round(time.perf_counter() - synced, 1),
             "launch": shlex.join(plan.launch)}
@@ -271,20 +270,18 @@ def request_for(rec: Recorded, options: Options, *, fetch: bool) -> Request:
     if options.batch_size:
         overrides += ["--batch-size", str(options.batch_size)]
     overrides += parallel.flags(options.parallel)
+    settings = batch_shares.run_settings(config, overrides)
     return Request(data, model, config, overrides, options.backend, options.interface,
                    int(options.btl_tcp_links) if options.btl_tcp_links else None,
                    int(options.threads) if options.threads else None,
                    installed["path"] if installed else None, mlx_envs=rec.mlx_envs,
-                   calibration=calibration_for(rec, model, config, overrides),
-                   parallel=batch_shares.run_settings(config, overrides).parallel)
+                   calibration=calibration_for(rec, model, settings), parallel=settings.parallel)
 
 
-def calibration_for(rec: Recorded, model: Path, config: Path | None,
-                    overrides: Sequence[str]) -> Mapping[str, Any] | None:
+def calibration_for(rec: Recorded, model: Path, settings: FinetuneConfig) -> Mapping[str, Any] | None:
     """The latest calibration of this model and sequence length, when a node's batch_share is auto."""
     if not any(n.batch_share == batch_shares.AUTO for n in rec.cluster.training_nodes):
         return None
-    settings = batch_shares.run_settings(config, overrides)
     return batch_shares.latest_calibration(rec.calibration, batch_shares.calibration_key(model, settings))
 
 

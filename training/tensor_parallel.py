@@ -8,9 +8,8 @@ wrap `nn.Linear`, not the sharded layers. Here:
    model's own `shard()` split attention and MLP (or, when the ranks do not divide its heads,
    splits them by whole key-value head groups: training/head_groups.py), puts a
    `ShardedLoRALinear` around every sharded layer that had LoRA, and splits the vocabulary
-   (training/vocab_parallel.py). The
-   weights are then read one layer at a time, each rank keeping its shard only: no rank ever
-   holds the whole model.
+   (training/vocab_parallel.py). The weights are then read one layer at a time, each rank keeping
+   its shard only: no rank ever holds the whole model.
 2. `ShardedLoRALinear` shards LoRA with its base layer. Column-parallel (all-to-sharded: the
    input is whole on every rank, the output split): `lora_b`'s output is split, `lora_a` is
    whole, and the rank-r activation sums its gradients across ranks on the way back (it feeds
@@ -275,10 +274,7 @@ class Layout:
 
     def cut(self, name: str) -> Cut | None:
         """The part of `name` (a parameter, or an optimizer state of one: `<param>.m`) this rank holds."""
-        for param, cut in self.cuts.items():
-            if name == param or name.startswith(param + "."):
-                return cut
-        return None
+        return self.cuts.get(name) or self.cuts.get(name.rpartition(".")[0])
 
     def whole(self, arrays: Mapping[str, mx.array]) -> dict[str, mx.array]:
         """Every rank's parts joined into whole arrays, on every rank (a collective when sharded):
