@@ -8,7 +8,11 @@ row) and what is wrong.
 
 from __future__ import annotations
 
+import codecs
 import json
+import os
+import stat
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +26,16 @@ ROW_FIELDS = {
 }
 
 Message = dict[str, Any]
+
+# What an input that is not a regular file is, for the message: reading a FIFO waits for a writer
+# forever, and a device such as /dev/zero never ends.
+NOT_REGULAR = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a named pipe (FIFO)",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
 
 
 # training.prepare raises it too, and exports it: this is the lowest module that raises it.
@@ -37,38 +51,83 @@ class Row:
 
 def read_rows(path: Path) -> list[Row]:
     """The rows of a JSON Lines file (blank lines skipped) or of a .json file holding a list."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise DataError(f"{path}: cannot read: {error}") from None
+    text = read_text(path)
     if path.suffix == ".json":
-        try:
-            values = json.loads(text) if text.strip() else []
-        except json.JSONDecodeError as error:
-            raise DataError(f"{path}:{error.lineno}: not valid JSON ({error.msg})") from None
+        values = parse_json(text, path) if text.strip() else []
         if not isinstance(values, list):
             raise DataError(f"{path}: a .json input must hold a list of rows (use .jsonl for JSON Lines)")
         return [Row(f"{path}: row {index}", value) for index, value in enumerate(values, 1)]
-    rows = []
     # JSON Lines are split at "\n" only: splitlines() would also split valid JSON strings that
     # hold U+2028 or U+0085.
-    for number, line in enumerate(text.split("\n"), 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(Row(f"{path}:{number}", json.loads(line)))
-        except json.JSONDecodeError as error:
-            where = f"{path}:{number}"
-            raise DataError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
-    return rows
+    return [Row(f"{path}:{number}", parse_json(line, path, number))
+            for number, line in enumerate(text.split("\n"), 1) if line.strip()]
+
+
+def read_text(path: Path) -> str:
+    """The text of a UTF-8 file; a byte order mark (editors on Windows write one) is dropped."""
+    data = read_regular_file(path).removeprefix(codecs.BOM_UTF8)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        raise DataError(f"{path}:{line}: not UTF-8 text (byte 0x{data[error.start]:02x}): "
+                        "save the file as UTF-8") from None
+
+
+def read_regular_file(path: Path) -> bytes:
+    """The bytes of `path`, refused unless it is a regular file (see NOT_REGULAR)."""
+    try:
+        check_regular(path, path.stat().st_mode)
+        # Should the path become a FIFO after that check, a non-blocking open does not wait for a
+        # writer, and fstat refuses it.
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as file:
+            check_regular(path, os.fstat(file.fileno()).st_mode)
+            return file.read()
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file") from None
+    except OSError as error:
+        raise DataError(f"{path}: cannot read it: {error.strerror or error}") from None
+
+
+def check_regular(path: Path, mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        kind = NOT_REGULAR.get(stat.S_IFMT(mode), "a special file")
+        raise DataError(f"{path}: is {kind}, not a regular file: the input must be a .jsonl or .json file")
+
+
+def parse_json(text: str, path: Path, line: int | None = None) -> Any:
+    """One JSON value; `line` is the JSON Lines line that `text` is, None for a whole .json file.
+
+    json.loads raises more than JSONDecodeError on hostile text: RecursionError on deep nesting,
+    ValueError on an integer longer than Python converts (sys.get_int_max_str_digits()).
+    """
+    where = f"{path}:{line}" if line else str(path)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        # Some messages end in " at" ("Invalid control character at"), others do not.
+        problem = error.msg.removesuffix(" at")
+        raise DataError(f"{path}:{line or error.lineno}: not valid JSON ({problem} at column "
+                        f"{error.colno})") from None
+    except RecursionError:
+        raise DataError(f"{where}: JSON nested too deeply to read (lists or objects about "
+                        f"{sys.getrecursionlimit()} levels inside each other): flatten that value "
+                        "or drop it") from None
+    except ValueError:
+        raise DataError(f"{where}: a number too long to read (over {sys.get_int_max_str_digits()} "
+                        "digits): write it as a string or drop it") from None
+
+
+def json_type(value: Any) -> str:
+    """The JSON name of a parsed value's type: a `null` row is not a "NoneType" to the user."""
+    names = {type(None): "null", bool: "true/false", int: "number", float: "number", str: "string"}
+    return names.get(type(value), type(value).__name__)
 
 
 def detect_format(row: Row) -> str:
     """'chat', 'alpaca' or 'dolly', from the keys of one row."""
     if not isinstance(row.value, dict):
-        raise DataError(f"{row.location}: expected a JSON object, got {type(row.value).__name__}")
+        raise DataError(f"{row.location}: expected a JSON object, got {json_type(row.value)}")
     keys = row.value.keys()
     if "messages" in keys:
         return "chat"
@@ -85,7 +144,7 @@ def detect_format(row: Row) -> str:
 def to_messages(row: Row, data_format: str, system_prompt: str | None = None) -> list[Message]:
     """One row as chat messages, or a DataError naming the row and what is wrong with it."""
     if not isinstance(row.value, dict):
-        raise DataError(f"{row.location}: expected a JSON object, got {type(row.value).__name__}")
+        raise DataError(f"{row.location}: expected a JSON object, got {json_type(row.value)}")
     if data_format == "chat":
         messages = checked_messages(row)
     else:

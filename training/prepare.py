@@ -7,8 +7,9 @@ writes DIR/train.jsonl, DIR/valid.jsonl, DIR/test.jsonl (only with a test fracti
 DIR/summary.json, one `{"messages": [{"role": ..., "content": ...}, ...]}` per line, which
 `mlx_lm.lora --data DIR` reads as a chat data set.
 
-Input is JSON Lines (or a .json file holding a list of rows) in one of three formats, told apart by
-the first row's keys; every row must then be of that format (`training/formats.py` reads them):
+Input is a regular UTF-8 file (a leading byte order mark is dropped) of JSON Lines, or a .json file
+holding a list of rows, in one of three formats, told apart by the first row's keys; every row must
+then be of that format (`training/formats.py` reads them):
 - dolly:  {"instruction", "context", "response", "category"}: the user says the instruction, followed
   by the context after a blank line when there is one; the assistant says the response.
 - alpaca: {"instruction", "input", "output"}: likewise with input and output.
@@ -178,7 +179,9 @@ def check_fractions(valid_fraction: float, test_fraction: float) -> None:
 
 def check_output_spares_input(input: Path, output: Path) -> None:
     """Refuse an output folder whose files (written, or removed as stale) include the input."""
-    if input.resolve() in {(output / name).resolve() for name in OUTPUT_FILES}:
+    # os.path.realpath, not Path.resolve: on a symlink loop that raises RuntimeError, and the loop is
+    # for reading or writing to name.
+    if os.path.realpath(input) in {os.path.realpath(output / name) for name in OUTPUT_FILES}:
         raise DataError(f"--output {output} would replace the input {input} (it writes "
                         f"{', '.join(OUTPUT_FILES)} there): choose another output folder")
 
@@ -194,13 +197,21 @@ def check_encodable(location: str, messages: list[Message]) -> None:
 
 def write_atomically(output: Path, files: dict[str, str]) -> None:
     """Write every file into a fresh directory next to `output`, then move them into place together."""
+    try:
+        replace_outputs(output, files)
+    except OSError as error:
+        raise DataError(f"--output {output}: cannot write there ({error.strerror or error}): "
+                        "choose a folder you can write to") from None
+
+
+def replace_outputs(output: Path, files: dict[str, str]) -> None:
     if output.exists() and not output.is_dir():
-        raise DataError(f"{output}: exists and is not a directory")
+        raise DataError(f"--output {output}: exists and is not a folder: choose a folder (new or existing)")
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
-        raise DataError(f"{output}: a folder above it is a file: choose an output folder "
-                        "whose parents are folders") from None
+        raise DataError(f"--output {output}: a path above it is not a folder (a file or a broken "
+                        "link): choose an output folder whose parents are folders") from None
     staging = output.parent / f".{output.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
     staging.mkdir()
     try:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
 from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
@@ -559,7 +562,7 @@ def test_a_lone_surrogate_is_named_by_its_row_not_a_traceback(tmp_path):
 def test_an_output_folder_under_a_file_is_refused(tmp_path):
     source = write_jsonl(tmp_path / "in.jsonl", [dolly(i) for i in range(10)])
     (tmp_path / "file").write_text("x")
-    with pytest.raises(tp.DataError, match="a folder above it is a file"):
+    with pytest.raises(tp.DataError, match="a path above it is not a folder"):
         run(source, tmp_path / "file" / "out")
 
 
@@ -603,3 +606,152 @@ def test_a_system_message_then_turns_in_order_is_accepted(tmp_path):
             {"role": "assistant", "content": "a2"}]
     rows = [{"messages": [dict(m, content=f"{m['content']} {i}") for m in chat]} for i in range(10)]
     assert run(write_jsonl(tmp_path / "chat.jsonl", rows), tmp_path / "out").kept == 10
+
+
+# hostile input, through the real command line (as `invoke data.prepare` runs it)
+
+REPO = Path(tp.__file__).resolve().parents[1]
+DEEP = "[" * 100_000 + "]" * 100_000  # past json's recursion limit
+HUGE = "9" * 5000  # past Python's 4300-digit limit on reading an int
+
+
+def prepare_cli(source: Path | str, output: Path | str) -> subprocess.CompletedProcess[str]:
+    """`python -m training.prepare`; the timeout turns a hang (a FIFO read) into a failure."""
+    argv = [sys.executable, "-m", "training.prepare", "--input", str(source), "--output", str(output)]
+    return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
+def assert_refused(result: subprocess.CompletedProcess[str], says: str) -> None:
+    """Refused in one line that says `says`: no traceback, exit status 2."""
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
+    assert says in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(("line", "says"), [
+    pytest.param(DEEP, "JSON nested too deeply to read", id="deep-list"),
+    pytest.param('{"messages": ' + DEEP + "}", "JSON nested too deeply to read", id="deep-messages"),
+    pytest.param(HUGE, "a number too long to read (over 4300 digits)", id="huge-number"),
+    pytest.param('{"instruction": "q", "response": "a", "id": ' + HUGE + "}",
+                 "a number too long to read (over 4300 digits)", id="huge-number-in-row"),
+    pytest.param('{"instruction": "q", "response": NaN}', "dolly row's 'response' is not a string",
+                 id="nan"),
+    pytest.param('{"instruction": "q", "response": -Infinity}', "dolly row's 'response' is not a string",
+                 id="infinity"),
+    pytest.param("null", "expected a JSON object, got null", id="null"),
+    pytest.param('"a row"', "expected a JSON object, got string", id="string"),
+    pytest.param('{"instruction": "q\x00", "response": "a"}',
+                 "not valid JSON (Invalid control character at column 19)", id="nul-byte"),
+    pytest.param('{"instruction": "q\\ud800", "response": "a"}', "text that is not valid Unicode",
+                 id="lone-surrogate"),
+])
+def test_cli_refuses_a_hostile_row_naming_its_line(tmp_path: Path, line: str, says: str) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_text(f"{json.dumps(dolly(1))}\n{json.dumps(dolly(2))}\n{line}\n", encoding="utf-8")
+    assert_refused(prepare_cli(source, tmp_path / "out"), f"error: {source}:3: {says}")
+    assert [path.name for path in tmp_path.iterdir()] == ["in.jsonl"]
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    (f"[{json.dumps(dolly(1))}, {DEEP}]", "JSON nested too deeply to read"),
+    (f"[{json.dumps(dolly(1))}, {HUGE}]", "a number too long to read"),
+])
+def test_cli_refuses_a_hostile_json_list_naming_the_file(tmp_path: Path, text: str, says: str) -> None:
+    source = tmp_path / "in.json"
+    source.write_text(text, encoding="utf-8")
+    assert_refused(prepare_cli(source, tmp_path / "out"), f"error: {source}: {says}")
+    assert [path.name for path in tmp_path.iterdir()] == ["in.json"]
+
+
+def fifo(tmp_path: Path) -> Path:
+    os.mkfifo(tmp_path / "in.jsonl")  # nobody writes to it: reading would wait forever
+    return tmp_path / "in.jsonl"
+
+
+def directory(tmp_path: Path) -> Path:
+    (tmp_path / "in.jsonl").mkdir()
+    return tmp_path / "in.jsonl"
+
+
+def under_a_file(tmp_path: Path) -> Path:
+    (tmp_path / "in.jsonl").write_text(json.dumps(dolly(1)))
+    return tmp_path / "in.jsonl" / "rows.jsonl"
+
+
+def symlink_loop(tmp_path: Path) -> Path:
+    (tmp_path / "in.jsonl").symlink_to("in.jsonl")
+    return tmp_path / "in.jsonl"
+
+
+@pytest.mark.parametrize(("make", "says"), [
+    (fifo, "is a named pipe (FIFO), not a regular file: the input must be a .jsonl or .json file"),
+    (directory, "is a directory, not a regular file"),
+    (lambda tmp_path: Path("/dev/zero"), "is a character device, not a regular file"),  # never ends
+    (lambda tmp_path: tmp_path / "missing.jsonl", "no such file"),
+    (under_a_file, "cannot read it: Not a directory"),
+    (symlink_loop, "cannot read it: Too many levels of symbolic links"),
+], ids=["fifo", "directory", "device", "missing", "under-a-file", "symlink-loop"])
+def test_cli_refuses_an_input_that_is_not_a_regular_file(tmp_path: Path, make: Any, says: str) -> None:
+    source = make(tmp_path)
+    before = sorted(path.name for path in tmp_path.iterdir())
+    assert_refused(prepare_cli(source, tmp_path / "out"), f"error: {source}: {says}")
+    assert sorted(path.name for path in tmp_path.iterdir()) == before
+
+
+def test_cli_refuses_an_input_that_is_not_utf8_naming_the_line(tmp_path: Path) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(json.dumps(dolly(1)).encode() + b'\n{"instruction": "caf\xe9", "response": "a"}\n')
+    assert_refused(prepare_cli(source, tmp_path / "out"),
+                   f"error: {source}:2: not UTF-8 text (byte 0xe9): save the file as UTF-8")
+    assert [path.name for path in tmp_path.iterdir()] == ["in.jsonl"]
+
+
+def test_a_utf8_byte_order_mark_is_dropped(tmp_path: Path) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_text("\ufeff" + "".join(json.dumps(dolly(i)) + "\n" for i in range(4)), encoding="utf-8")
+    assert run(source, tmp_path / "out").kept == 4
+
+
+def read_only_folder(tmp_path: Path) -> Path:
+    if os.geteuid() == 0:
+        pytest.skip("root writes into a read-only folder")
+    (tmp_path / "locked").mkdir(mode=0o555)
+    return tmp_path / "locked" / "out"
+
+
+def output_under_a_file(tmp_path: Path) -> Path:
+    (tmp_path / "file").write_text("x")
+    return tmp_path / "file" / "out"
+
+
+def output_is_a_file(tmp_path: Path) -> Path:
+    (tmp_path / "out").write_text("x")
+    return tmp_path / "out"
+
+
+def output_under_a_symlink_loop(tmp_path: Path) -> Path:
+    (tmp_path / "loop").symlink_to("loop")
+    return tmp_path / "loop" / "out"
+
+
+def under_proc(tmp_path: Path) -> Path:
+    if not Path("/proc/self").is_dir():
+        pytest.skip("no /proc here")
+    return Path("/proc/x")
+
+
+@pytest.mark.parametrize(("make", "says"), [
+    (under_proc, "cannot write there (No such file or directory): choose a folder you can write to"),
+    (read_only_folder, "cannot write there (Permission denied): choose a folder you can write to"),
+    (output_under_a_file, "a path above it is not a folder (a file or a broken link)"),
+    (output_under_a_symlink_loop, "a path above it is not a folder (a file or a broken link)"),
+    (output_is_a_file, "exists and is not a folder"),
+], ids=["proc", "read-only", "under-a-file", "under-a-symlink-loop", "a-file"])
+def test_cli_refuses_an_output_folder_it_cannot_write(tmp_path: Path, make: Any, says: str) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", [dolly(i) for i in range(10)])
+    output = make(tmp_path)
+    before = sorted(tmp_path.rglob("*"))
+    assert_refused(prepare_cli(source, output), f"error: --output {output}: {says}")
+    assert sorted(tmp_path.rglob("*")) == before  # no output, no staging folder left behind
+    assert not Path("/proc/x").exists()
