@@ -17,7 +17,19 @@ from invoke.exceptions import Exit
 from invoke.tasks import Task
 from invoke.tasks import task as invoke_task
 
-from mlxcluster import ansible, cabling, devtools, everywhere, inputs, lab, lab_limits, local, paths, runs
+from mlxcluster import (
+    ansible,
+    cabling,
+    devtools,
+    everywhere,
+    flags,
+    inputs,
+    lab,
+    lab_limits,
+    local,
+    paths,
+    runs,
+)
 from mlxcluster import doctor as checkup
 from mlxcluster import train as training
 from mlxcluster.bench import calibrate as bench_calibrate_module
@@ -29,6 +41,7 @@ from mlxcluster.bench import tensor as bench_tensor_module
 from mlxcluster.bench import train as bench_train_module
 from mlxcluster.cluster import recorded
 from mlxcluster.errors import UserError
+from mlxcluster.parallel import MODES
 
 INVENTORY_HELP = "Inventory file (default: cluster.inventory in invoke.yaml, the local machine)"
 
@@ -52,11 +65,12 @@ def _inventory(c: Context, inventory: str | None) -> str:
 
 
 def _lab_id(c: Context, given: str | int | None) -> int:
-    return int(given if given is not None else c.config.lab.id)
+    return flags.whole_number(given if given is not None else c.config.lab.id, "--id", 0, 9) or 0
 
 
-def _int(value: str | int | None) -> int | None:
-    return int(value) if value not in (None, "") else None
+# Flags with a number default None, not the number: invoke would cast a bad value itself, with a
+# traceback; flags.py refuses it in one line instead. Their defaults are in their help.
+_whole = flags.whole_number
 
 
 # ------------------------------------------------------------------------- provisioning
@@ -109,11 +123,14 @@ def doctor(c, inventory=None, model=None, json_=False):
     "max_tokens": "Drop examples longer than this many tokens (needs --model)",
     "model": "Local model directory whose tokenizer counts tokens",
     "system_prompt": "System message for examples that have none"})
-def data_prepare(c, input=str(inputs.DEMO_DATA), output="build/data/pirate", valid_fraction=0.2,
-                 test_fraction=0.0, seed=0, max_tokens=None, model=None, system_prompt=None):
+def data_prepare(c, input=str(inputs.DEMO_DATA), output="build/data/pirate", valid_fraction=None,
+                 test_fraction=None, seed=None, max_tokens=None, model=None, system_prompt=None):
     """Turn instruction data into mlx-lm chat format, split deterministically."""
-    inputs.prepare_data(input, output, valid_fraction=valid_fraction, test_fraction=test_fraction,
-                        seed=seed, max_tokens=_int(max_tokens), model=model,
+    valid = flags.number(valid_fraction, "--valid-fraction", 0, 1)
+    inputs.prepare_data(input, output, valid_fraction=0.2 if valid is None else valid,
+                        test_fraction=flags.number(test_fraction, "--test-fraction", 0, 1) or 0.0,
+                        seed=_whole(seed, "--seed", 0, 2**32 - 1) or 0,
+                        max_tokens=_whole(max_tokens, "--max-tokens"), model=model,
                         system_prompt=system_prompt)
 
 
@@ -149,9 +166,11 @@ def train(c, inventory=None, config=None, data=None, model=None, iters=None, bat
           parallel=None, resume=None, dry_run=False):
     """Fine-tune on the cluster: sync data, code and model, mpirun on every slot, fetch results."""
     results = training.train(_inventory(c, inventory), training.Options(
-        config=config, data=data, model=model, iters=_int(iters), batch_size=_int(batch_size),
-        extra=extra, backend=backend, interface=interface, btl_tcp_links=_int(btl_tcp_links),
-        threads=_int(threads), parallel=parallel, resume=resume, dry_run=dry_run))
+        config=config, data=data, model=model, iters=_whole(iters, "--iters"),
+        batch_size=_whole(batch_size, "--batch-size"), extra=extra, backend=backend,
+        interface=interface, btl_tcp_links=_whole(btl_tcp_links, "--btl-tcp-links", 1, 64),
+        threads=_whole(threads, "--threads", 1, 1024), parallel=flags.one_of(parallel, "--parallel", MODES),
+        resume=resume, dry_run=dry_run))
     if results:
         runs.print_summary(results)
 
@@ -168,19 +187,16 @@ def run(c, inventory=None, interface=None, dry_run=False):
     the words after --: quote within them.)
     """
     program = everywhere.program_of(c.remainder)
-    everywhere.run(recorded(_inventory(c, inventory)).cluster, program, interface=interface,
-                   dry_run=dry_run)
+    everywhere.run(recorded(_inventory(c, inventory)).cluster, program,
+                   interface=flags.interface(interface), dry_run=dry_run)
 
 
 @task(help={"prompt": "What to ask", "adapter": "Run directory with adapters (default: latest)",
             "model": "Base model directory (default: the run's model)",
             "max_tokens": "Tokens to generate (default 120)"})
-def generate(c, prompt, adapter=None, model=None, max_tokens=120):
+def generate(c, prompt, adapter=None, model=None, max_tokens=None):
     """Print the base model's and the fine-tuned model's answers side by side."""
-    from training.generate import side_by_side
-
-    run_dir = Path(adapter) if adapter else runs.latest_finished()
-    side_by_side(Path(model or runs.base_model(run_dir)), run_dir, prompt, int(max_tokens))
+    runs.side_by_side(prompt, adapter, model, _whole(max_tokens, "--max-tokens", 1, 100_000) or 120)
 
 
 # ------------------------------------------------------------------------ development
@@ -207,7 +223,7 @@ def test(c, unit=False, k=None, lint_first=True):
                                  "(thunderbolt_topology: links), instead of one bridge"})
 def lab_up(c, nodes=None, id=None, cables=None):
     """Bring up a lab cluster of real Debian hosts in network namespaces (root)."""
-    lab_id, count = _lab_id(c, id), int(nodes or c.config.lab.nodes)
+    lab_id, count = _lab_id(c, id), _whole(nodes or c.config.lab.nodes, "--nodes", 1, 9) or 1
     lab.prepare_offline_cache()
     inventory = lab.up(count, lab_id, cables=cables)
     print(f"lab {lab_id}: {count} hosts up; inventory: {inventory}")
@@ -232,7 +248,8 @@ def lab_status(c, id=None):
                           "off": "Lift the node's limits"})
 def lab_limit(c, node, id=None, cpu=None, memory=None, off=False):
     """Make a lab node slower or smaller (a control group over its processes), like a lesser Mac."""
-    print(lab_limits.set_limits(lab.Lab(_lab_id(c, id)), int(node), float(cpu) if cpu else None,
+    print(lab_limits.set_limits(lab.Lab(_lab_id(c, id)), _whole(node, "--node", 1, 9) or 1,
+                                flags.number(cpu, "--cpu", 1, 100 * 1024),
                                 lab_limits.parse_memory(memory) if memory else None, off))
 
 
@@ -240,9 +257,9 @@ def lab_limit(c, node, id=None, cpu=None, memory=None, off=False):
 
 @task(name="provision", help={"nodes": "Lab hosts (default 3)", "id": "Lab number (default 8)",
                               "output": "JSON file to write (default runs/bench/...)"})
-def bench_provision(c, nodes=3, id=8, output=None):
+def bench_provision(c, nodes=None, id=None, output=None):
     """Time a first and an idempotent second site.yml run on a fresh lab cluster."""
-    bench_provision_module.run(int(nodes), int(id), output)
+    bench_provision_module.run(_whole(nodes, "--nodes", 1, 9) or 3, _whole(id, "--id", 0, 9) or 8, output)
 
 
 @task(name="train", help={
@@ -260,17 +277,23 @@ def bench_provision(c, nodes=3, id=8, output=None):
     "data": "Prepared data directory (default: the bundled pirate demo)",
     "model": "Model directory (default: SmolLM2-135M in float32, fetched on first use)",
     "output": "JSON file to write (default runs/bench/train-<time>.json)"})
-def bench_train(c, id=8, iters=30, rounds=2, batch_size=4, blas_iters=3, quality_iters=None,
-                overhead_iters=40, overhead_rounds=2, data=None, model=None, output=None):
+def bench_train(c, id=None, iters=None, rounds=None, batch_size=None, blas_iters=None, quality_iters=None,
+                overhead_iters=None, overhead_rounds=None, data=None, model=None, output=None):
     """Scaling (2 ranks over 1), BLAS, pirate quality and overhead over stock mlx-lm.
 
     Runs on a fresh 2-node lab cluster with SmolLM2-135M and the bundled pirate data.
     """
+    def count(value: str | None, flag: str, default: int, minimum: int = 0) -> int:
+        read = _whole(value, flag, minimum)
+        return default if read is None else read
+
     parts = bench_train_module.Parts(
-        iters=int(iters), rounds=int(rounds), batch_size=int(batch_size), blas_iters=int(blas_iters),
-        quality_iters=_int(quality_iters), overhead_iters=int(overhead_iters),
-        overhead_rounds=int(overhead_rounds))
-    bench_train_module.run(lab_id=int(id), parts=parts, data=data, model=model, output=output)
+        iters=count(iters, "--iters", 30), rounds=count(rounds, "--rounds", 2, 1),
+        batch_size=count(batch_size, "--batch-size", 4, 1), blas_iters=count(blas_iters, "--blas-iters", 3),
+        quality_iters=_whole(quality_iters, "--quality-iters", 0),
+        overhead_iters=count(overhead_iters, "--overhead-iters", 40),
+        overhead_rounds=count(overhead_rounds, "--overhead-rounds", 2, 1))
+    bench_train_module.run(lab_id=count(id, "--id", 8), parts=parts, data=data, model=model, output=output)
 
 
 @task(name="links", help={
@@ -281,14 +304,15 @@ def bench_train(c, id=8, iters=30, rounds=2, batch_size=4, blas_iters=3, quality
     "output": "JSON file to write, the PNG goes next to it (default runs/bench/links-<time>.json)",
     "timeout": "Seconds each backend's run may take (default 900)"})
 def bench_links(c, inventory=None, backends=None, max_size="256MB", output=None,
-                timeout=900):
+                timeout=None):
     """Latency and bandwidth of every node pair, and all-reduce bandwidth, over the cluster link.
 
     One rank per node; pairs and all_sum sizes from 4 KB up, with each backend; slow or
     asymmetric links are flagged. Writes JSON and a PNG under runs/bench/.
     """
     bench_links_module.run(recorded(_inventory(c, inventory)), backends=backends,
-                           max_size=max_size, output=output, timeout=float(timeout))
+                           max_size=max_size, output=output,
+                           timeout=flags.number(timeout, "--timeout", 1, 86400) or 900.0)
 
 
 @task(name="scaling", help={
@@ -305,13 +329,14 @@ def bench_links(c, inventory=None, backends=None, max_size="256MB", output=None,
               "batch shares (a mixed cluster)",
     "parallel": "tensor, instead: one process, then every node holding a shard (peak memory per rank)",
     "output": "JSON file to write; the PNG goes next to it (default runs/bench/scaling-<time>.json)"})
-def bench_scaling(c, inventory=None, nodes=None, iters=30, batch_size=None, data=None, model=None,
+def bench_scaling(c, inventory=None, nodes=None, iters=None, batch_size=None, data=None, model=None,
                   threads=None, extra="", shares=False, parallel=None, output=None):
     """The same fine-tune on 1 node and on more: wall time, tokens/s, speedup, efficiency and
     where the time went (sync, model load, training, evaluation), as a table, JSON and PNG."""
     rec = recorded(_inventory(c, inventory))
-    common = {"iters": int(iters), "batch_size": _int(batch_size), "data": data, "model": model,
-              "threads": _int(threads), "extra": extra, "output": output}
+    common = {"iters": _whole(iters, "--iters") or 30, "batch_size": _whole(batch_size, "--batch-size"),
+              "data": data, "model": model, "threads": _whole(threads, "--threads", 1, 1024),
+              "extra": extra, "output": output}
     if shares:
         bench_shares_module.run(rec, **common)
     elif parallel not in (None, "data"):
@@ -330,13 +355,14 @@ def bench_scaling(c, inventory=None, nodes=None, iters=30, batch_size=None, data
     "threads": "BLAS threads (default: all cores)",
     "extra": "More training flags, as invoke train will get them",
     "output": "JSON file to write (default runs/bench/calibrate-<time>.json)"})
-def bench_calibrate(c, inventory=None, iters=10, batch_size=None, data=None, model=None, config=None,
+def bench_calibrate(c, inventory=None, iters=None, batch_size=None, data=None, model=None, config=None,
                     threads=None, extra="", output=None):
     """Each node's tokens/s and peak memory at this fine-tune, alone, one node after the other:
     kept in build/<inventory>/calibration.json for batch_share: auto."""
-    bench_calibrate_module.run(recorded(_inventory(c, inventory)), iters=int(iters),
-                               batch_size=_int(batch_size), data=data, model=model, config=config,
-                               threads=_int(threads), extra=extra, output=output)
+    bench_calibrate_module.run(recorded(_inventory(c, inventory)), iters=_whole(iters, "--iters") or 10,
+                               batch_size=_whole(batch_size, "--batch-size"), data=data, model=model,
+                               config=config, threads=_whole(threads, "--threads", 1, 1024), extra=extra,
+                               output=output)
 
 
 ns = Collection(provision, hostfile, topology, doctor, train, run, generate, lint, test,

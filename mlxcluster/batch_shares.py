@@ -18,18 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlxcluster import settings as run_settings
 from mlxcluster.cluster import Cluster, Node
 from mlxcluster.errors import UserError
 from training import shares
-from training.config import (
-    DEFAULT_CONFIG,
-    ConfigError,
-    FinetuneConfig,
-    build_parser,
-    cli_values,
-    load_config_file,
-    merge_config,
-)
+from training.config import FinetuneConfig
 from training.manifest import manifest_sha256
 
 AUTO = "auto"
@@ -88,22 +81,6 @@ def cluster_share_errors(hosts: Sequence[str], hostvars: Mapping[str, Mapping[st
         errors.append(f"batch_share is auto on {', '.join(auto)} but a number on {', '.join(numbers)}: "
                       "use auto on every node (weights from the calibration) or numbers on every node")
     return errors
-
-
-# --- the run's settings ---------------------------------------------------------------------------
-
-
-def run_settings(config: Path | None, overrides: Sequence[str]) -> FinetuneConfig:
-    """The settings every rank will train with: the config file (the shipped one by default) and
-    the flags after it, as training/config.py merges them."""
-    try:
-        file_values = load_config_file(config or DEFAULT_CONFIG)
-        parsed, _ = build_parser().parse_known_args(list(overrides))
-        return merge_config(file_values, cli_values(parsed), source=str(config or DEFAULT_CONFIG))
-    except ConfigError as error:
-        raise UserError(str(error)) from None
-    except SystemExit:  # argparse has said what is wrong with a flag
-        raise UserError(f"the training flags {' '.join(overrides)} cannot be read (see above)") from None
 
 
 # --- calibration -----------------------------------------------------------------------------------
@@ -200,7 +177,7 @@ def for_run(cluster: Cluster, config: Path | None, overrides: Sequence[str],
     what training does by itself)."""
     if not asked(cluster):
         return None
-    settings = run_settings(config, overrides)
+    settings = run_settings.read(config, overrides)
     if settings.batch_shares or settings.parallel == "tensor":  # tensor: all ranks take the whole batch
         return None
     ranks = _ranks(cluster)

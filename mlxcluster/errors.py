@@ -22,3 +22,10 @@ class Interrupted(UserError):
 
     def __init__(self, message: str):
         super().__init__(message, code=130)
+
+
+def shown(value: object) -> str:
+    """A value as a one-line message shows it: as it is when it prints plainly, else quoted with
+    its escapes (a newline in a path would otherwise split the message)."""
+    text = str(value)
+    return text if text.isprintable() and len(text) <= 300 else repr(text[:300])

@@ -19,6 +19,7 @@ from mlxcluster.paths import MODELS, REPO
 
 DEMO_DATA = REPO / "training" / "data" / "pirate.jsonl"
 DEMO_DATA_DIR = REPO / "build" / "data" / "pirate"
+DEMO_SPLITS = ("train.jsonl", "valid.jsonl")  # what prepare_data's defaults write
 DEFAULT_MODEL = "smollm2"  # model.fetch's name for the offline SmolLM2-135M-Instruct
 
 

@@ -9,6 +9,7 @@ this machine) and v2 (one unified tree).
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 from dataclasses import dataclass
@@ -58,7 +59,9 @@ def parse_memory(text: str) -> int:
     try:
         value = float(number.removesuffix(unit)) * _UNITS[unit]
     except ValueError:
-        raise LimitError(f"--memory {text!r}: give a size like 800MB or 1.5GB") from None
+        value = math.nan
+    if not math.isfinite(value) or value > 2**60:
+        raise LimitError(f"--memory {text!r}: give a size like 800MB or 1.5GB")
     if value < 2**20:
         raise LimitError(f"--memory {text!r}: at least 1 MB")
     return int(value)

@@ -41,7 +41,13 @@ def problems(cluster: Cluster, model: Path, mode: str) -> list[str]:
     config_file = model / "config.json"
     if not config_file.is_file():
         return []
-    return shard_problems(json.loads(config_file.read_text()), ranks, str(model))
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as error:
+        return [f"{config_file} cannot be read ({error}): fetch the model again with invoke model.fetch"]
+    if not isinstance(config, dict):
+        return [f"{config_file} holds no model configuration: fetch the model again with invoke model.fetch"]
+    return shard_problems(config, ranks, str(model))
 
 
 def check(cluster: Cluster, model: Path, mode: str) -> None:

@@ -7,7 +7,9 @@ a command: ssh runs in BatchMode and fails instead of asking.
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import shlex
 import subprocess
 from collections.abc import Sequence
@@ -17,6 +19,9 @@ from mlxcluster.errors import UserError
 from mlxcluster.paths import REPO
 
 BATCH_MODE = ("-o", "BatchMode=yes")
+# The first rsync that escapes remote paths for the remote shell itself (its --old-args undoes it).
+RSYNC_ESCAPES_ARGS = (3, 2, 4)
+_RSYNC_VERSION = re.compile(r"rsync\s+version\s+v?(\d+)\.(\d+)(?:\.(\d+))?")
 
 
 class RemoteError(UserError):
@@ -64,8 +69,49 @@ def rsync_ssh(node: Node) -> str | None:
 
 
 def remote_path(node: Node, path: str) -> str:
-    """`path` on `node` as rsync names it."""
-    return path if is_local(node) else f"{destination(node)}:{path}"
+    """`path` on `node` as rsync names it, quoted for the remote shell when this machine's rsync
+    hands remote paths to it as they are (a plain path is the same either way)."""
+    if is_local(node):
+        return path
+    return f"{destination(node)}:{shlex.quote(path) if rsync_passes_old_args() else path}"
+
+
+def rsync_passes_old_args() -> bool:
+    """Whether the local rsync passes remote paths to the remote shell unescaped, as rsync < 3.2.4
+    (macOS's 2.6.9, openrsync) does and a newer one does under RSYNC_OLD_ARGS: quoting them
+    ourselves is then needed, and would be escaped a second time otherwise."""
+    # rsync reads the variable as a number: "0" keeps the new way.
+    if _leading_int(os.environ.get("RSYNC_OLD_ARGS", "")):
+        return True
+    version = local_rsync_version()
+    return version is not None and version < RSYNC_ESCAPES_ARGS
+
+
+def _leading_int(text: str) -> int:
+    """The number `text` starts with, as C's atoi reads it (0 when none)."""
+    found = re.match(r"\s*([+-]?\d+)", text)
+    return int(found.group(1)) if found else 0
+
+
+def rsync_version(version_output: str) -> tuple[int, int, int] | None:
+    """The version `rsync --version` reports (GNU rsync, or openrsync's "2.6.9 compatible")."""
+    found = _RSYNC_VERSION.search(version_output)
+    if found is None:
+        return None
+    major, minor, patch = found.groups()
+    return int(major), int(minor), int(patch or 0)
+
+
+@functools.cache
+def local_rsync_version() -> tuple[int, int, int] | None:
+    """This machine's rsync version; None when there is no rsync (or it says no version), taken as
+    new: then no copy runs anyway, and a path is not escaped twice."""
+    try:
+        proc = subprocess.run(["rsync", "--version"], capture_output=True, text=True, timeout=10,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return rsync_version(proc.stdout)
 
 
 def logs_in_as_root(node: Node) -> bool:

@@ -35,7 +35,27 @@ def write_info(results: Path, info: dict) -> None:
 
 
 def read_info(results: Path) -> dict[str, Any]:
-    return json.loads((results / "run.json").read_text())
+    """runs/<id>/run.json; a RunError when it is missing, cut short or not a run's record."""
+    path = results / "run.json"
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RunError(f"{path} does not exist: {results.name} is not a run of invoke train") from None
+    except (OSError, ValueError, RecursionError) as error:
+        raise RunError(f"{path} cannot be read ({' '.join(str(error).split())[:120]}): the run's "
+                       "record is damaged; start a new run with invoke train") from None
+    if not isinstance(info, dict):
+        raise RunError(f"{path} holds no run record: start a new run with invoke train")
+    return info
+
+
+def recorded_path(results: Path, info: dict[str, Any], key: str) -> str:
+    """A folder the run's record names (its data, its model); a RunError when it names none."""
+    value = info.get(key)
+    if not isinstance(value, str) or not value:
+        raise RunError(f"{results / 'run.json'} names no {key}: the run's record is damaged; start a "
+                       "new run with invoke train")
+    return value
 
 
 def latest_checkpoint(results: Path) -> int | None:
@@ -95,7 +115,7 @@ def base_model(run: Path) -> str:
     """The model a run was trained from, as its run.json records it."""
     if not (run / "run.json").exists():
         raise RunError(f"{run} has no run.json: pass --model <base model directory>")
-    return read_info(run)["model"]
+    return recorded_path(run, read_info(run), "model")
 
 
 def print_summary(results: Path) -> None:
@@ -117,3 +137,55 @@ def summary_table(results: Path) -> Any:
     for name in ("adapters.safetensors", "metrics.jsonl", "loss.png", "config.yaml"):
         table.add_row(name, str(results / name) if (results / name).exists() else "missing")
     return table
+
+
+# --- invoke generate ------------------------------------------------------------------------------
+
+ADAPTER_FILES = ("adapter_config.json", "adapters.safetensors")
+
+
+def adapters_of(run: Path) -> Path:
+    """A folder of LoRA adapters as mlx-lm loads them (a run's folder, or any with mlx-lm's two
+    files); a RunError naming what it lacks."""
+    if not run.is_dir():
+        raise RunError(f"--adapter {run}: no such folder; give a run's folder, e.g. runs/<id>")
+    for name in ADAPTER_FILES:
+        if not (run / name).is_file():
+            raise RunError(f"--adapter {run}: no {name} (a broken link, or not a folder of adapters); "
+                           "give a finished run's folder, e.g. runs/<id>")
+    try:
+        config = json.loads((run / "adapter_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as error:
+        raise RunError(f"--adapter {run}: adapter_config.json cannot be read ({error})") from None
+    if not isinstance(config, dict) or not ({"num_layers", "lora_parameters"} <= config.keys()
+                                            or config.get("fine_tune_type") == "full"):
+        raise RunError(f"--adapter {run}: adapter_config.json lacks num_layers and lora_parameters, "
+                       "which mlx-lm needs to place the adapters")
+    return run
+
+
+def model_for(run: Path, given: str | None) -> Path:
+    """The base model to answer with: the one given, else the run's own; a RunError when it is no
+    model folder."""
+    from training.model import missing_files
+
+    model = Path(given) if given else Path(base_model(run))
+    label = "--model" if given else f"run {run.name}'s model"
+    if not model.is_dir():
+        raise RunError(f"{label} {model}: no such folder; pass --model <base model directory>")
+    if missing := missing_files(model):
+        raise RunError(f"{model} is not a model folder: it has no {', '.join(missing)}")
+    return model
+
+
+def side_by_side(prompt: str, adapter: str | None, model: str | None, max_tokens: int) -> None:
+    """invoke generate: the base model's and the fine-tuned model's answers, side by side."""
+    from training.generate import side_by_side as answers
+
+    run = adapters_of(Path(adapter)) if adapter else latest_finished()
+    base = model_for(run, model)
+    try:
+        answers(base, run, prompt, max_tokens)
+    except (ValueError, KeyError, RuntimeError) as error:  # mlx-lm's word on files it cannot use
+        raise RunError(f"the adapters in {run} do not fit {base}: {' '.join(str(error).split())[:300]}"
+                       ) from None

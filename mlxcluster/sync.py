@@ -1,5 +1,8 @@
 """Moving code, data, models and results between the controller and the nodes (rsync).
 
+Of a user's folder (data, model, a run's checkpoints) only the files mlxcluster/shipment.py
+selected and checked are sent; the training code is the repository's own.
+
 Code and data go from the controller to every node over the management link. The model
 goes to the launcher once and fans out from there over the Thunderbolt link, so the
 internet (or the controller's uplink) is used once, not once per node. Results come
@@ -15,10 +18,11 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlxcluster import remote
+from mlxcluster import remote, shipment
 from mlxcluster.cluster import Cluster, Node
-from mlxcluster.errors import UserError
+from mlxcluster.errors import UserError, shown
 from mlxcluster.paths import PLAIN_NAME, REPO, TRAINING_CODE
+from mlxcluster.shipment import Shipment
 
 # What a node needs of the repo to run the training entry point.
 CODE_EXCLUDES = ("__pycache__", "*.pyc", "data/make_pirate.py")
@@ -30,13 +34,18 @@ class SyncError(UserError):
     """A copy to or from a node failed; the message names the step and rsync's error."""
 
 
+def _rsync(dest: str) -> list[str]:
+    # --rsync-path creates the destination first (rsync < 3.2.3, as on macOS, has no --mkpath).
+    return ["rsync", "-a", "--itemize-changes", f"--rsync-path=mkdir -p {shlex.quote(dest)} && rsync"]
+
+
 def push(src: Path, node: Node, dest: str, *, delete: bool = True,
          excludes: tuple[str, ...] = ()) -> list[str]:
-    """rsync `src`'s contents to `dest` on `node` (only what changed is sent). A file `src` is
-    sent alone into the folder `dest`: never the folder it sits in (a config kept in the home
-    folder would take ~/.ssh with it)."""
-    # --rsync-path creates the destination first (rsync < 3.2.3, as on macOS, has no --mkpath).
-    cmd = ["rsync", "-a", "--itemize-changes", f"--rsync-path=mkdir -p {shlex.quote(dest)} && rsync"]
+    """rsync `src`'s contents to `dest` on `node` (only what changed is sent): the repository's
+    own code, or one file. A file `src` is sent alone into the folder `dest`: never the folder it
+    sits in (a config kept in the home folder would take ~/.ssh with it). A user's folder goes by
+    `send`, never by this."""
+    cmd = _rsync(dest)
     if delete:
         cmd.append("--delete")
     for pattern in excludes:
@@ -46,11 +55,27 @@ def push(src: Path, node: Node, dest: str, *, delete: bool = True,
     return [*cmd, str(src) if src.is_file() else f"{src}/", remote.remote_path(node, f"{dest}/")]
 
 
-def push_checkpoints(results: Path, node: Node, run_dir: str) -> Step:
+def send(shipment: Shipment, node: Node, dest: str, *, delete: bool = True) -> list[str]:
+    """rsync exactly the shipment's files to the folder `dest` on `node`, nothing else of its folder
+    (mlxcluster/shipment.py checked each of them). A symlink among them, checked to stay inside
+    the folder, arrives as the file it names. With `delete`, whatever else `dest` holds goes (a
+    split an earlier data set of that name had), so that the copy is the shipment."""
+    cmd = [*_rsync(dest), "--copy-links"]
+    if delete:
+        cmd += ["--delete", "--delete-excluded"]
+    cmd += shipment.rsync_filter()
+    if (ssh := remote.rsync_ssh(node)) is not None:
+        cmd += ["-e", ssh]
+    return [*cmd, f"{shipment.root}/", remote.remote_path(node, f"{dest}/")]
+
+
+def push_checkpoints(results: Path, node: Node, run_dir: str) -> Step | None:
     """The step that gives the launcher the run's checkpoints it lacks (a cleaned or replaced
-    launcher would otherwise restart the run from step 0). What it has is kept: rank 0 checks
-    every checkpoint before resuming from it."""
-    cmd = push(results / "checkpoints", node, f"{run_dir}/checkpoints", delete=False)
+    launcher would otherwise restart the run from step 0); None when the run has none. What it
+    has is kept: rank 0 checks every checkpoint before resuming from it."""
+    if (checkpoints := shipment.checkpoints(results)) is None:
+        return None
+    cmd = send(checkpoints, node, f"{run_dir}/checkpoints", delete=False)
     return (f"restore the run's checkpoints on {node.name}", [cmd[0], "--ignore-existing", *cmd[1:]])
 
 
@@ -69,9 +94,9 @@ def pull(node: Node, src: str, dest: Path) -> list[str]:
     return [*cmd, remote.remote_path(node, f"{src}/"), f"{dest}/"]
 
 
-def fan_out(cluster: Cluster, path: str) -> list[Step]:
-    """The steps that copy `path` from the launcher to every other node that trains, over the
-    cluster link.
+def fan_out(cluster: Cluster, model: Shipment, path: str) -> list[Step]:
+    """The steps that copy the model's files at `path` from the launcher to every other node that
+    trains, over the cluster link: the same files the launcher got, by the same filter.
 
     Run on the launcher through ssh: it reaches the others by their Thunderbolt IP with the
     mesh keys that ssh_mesh installed (no prompt: BatchMode).
@@ -81,7 +106,8 @@ def fan_out(cluster: Cluster, path: str) -> list[Step]:
     for node in cluster.training_nodes:
         if node.name == head.name or not node.reachable:
             continue
-        rsync = shlex.join(["rsync", "-a", "--delete", "-e", shlex.join(["ssh", *remote.BATCH_MODE]),
+        rsync = shlex.join(["rsync", "-a", "--delete", "--delete-excluded", *model.rsync_filter(),
+                            "-e", shlex.join(["ssh", *remote.BATCH_MODE]),
                             f"--rsync-path=mkdir -p {shlex.quote(path)} && rsync",
                             f"{path}/", f"{node.thunderbolt_ip}:{path}/"])
         steps.append((f"copy the model from {head.name} to {node.name} over the cluster link",
@@ -109,7 +135,7 @@ def plain_name(path: Path, what: str) -> str:
     # rsync --delete would empty.
     name = path.resolve().name if path.name in ("", ".", "..") else path.name
     if not PLAIN_NAME.fullmatch(name):
-        raise UserError(f"--{what} {path}: its name {name!r} cannot be a folder name on the nodes; "
+        raise UserError(f"--{what} {shown(path)}: its name {name!r} cannot be a folder name on the nodes; "
                         f"give a {what} whose name has letters, digits and . _ - + @ = , only "
                         "(and is not / or a hidden folder)")
     return name
@@ -130,24 +156,25 @@ def placement(cluster: Cluster, data: Path, model: Path, config: Path | None = N
                   config=f"{head.work_dir}/config/{config.name}" if config else None)
 
 
-def training_inputs(cluster: Cluster, data: Path, model: Path, config: Path | None,
+def training_inputs(cluster: Cluster, data: Shipment, model: Shipment, config: Path | None,
                     installed: str | None = None) -> tuple[list[Step], Placed]:
-    """The steps that put code, data, config and model on every node that trains, and where.
+    """The steps that put code, data, config and model on every node that trains, and where: of
+    the data and the model, only the files the shipments name.
 
     A model `installed` on every node by provisioning (its path there) is only verified.
     """
     head = cluster.head
-    placed = placement(cluster, data, model, config, installed)
+    placed = placement(cluster, data.root, model.root, config, installed)
     steps: list[Step] = []
     for node, code in zip(cluster.training_nodes, push_code(cluster), strict=True):
         steps.append(code)
-        steps.append((f"sync data to {node.name}", push(data, node, placed.data)))
+        steps.append((f"sync data to {node.name}", send(data, node, placed.data)))
         if config:
             steps.append((f"sync config to {node.name}",
                           push(config, node, f"{head.work_dir}/config", delete=False)))
     if not installed:
-        steps.append((f"copy the model to {head.name}", push(model, head, placed.model)))
-        steps += fan_out(cluster, placed.model)
+        steps.append((f"copy the model to {head.name}", send(model, head, placed.model)))
+        steps += fan_out(cluster, model, placed.model)
     steps += [(f"verify the model's checksums on {node.name}", verify_model(node, placed.model))
               for node in cluster.training_nodes]
     return steps, placed

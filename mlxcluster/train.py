@@ -18,7 +18,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlxcluster import batch_shares, doctor, inputs, launch, local, parallel, preview, relay, runs, sync
+from mlxcluster import (
+    batch_shares,
+    doctor,
+    flags,
+    inputs,
+    launch,
+    local,
+    parallel,
+    preview,
+    relay,
+    runs,
+    shipment,
+    sync,
+)
+from mlxcluster import settings as run_settings
 from mlxcluster.cluster import Cluster, Recorded, recorded
 from mlxcluster.errors import Interrupted, UserError
 from mlxcluster.paths import REPO, RUNS
@@ -47,6 +61,8 @@ class Request:
     # The latest calibration of this model and sequence length (batch_share: auto), if any.
     calibration: Mapping[str, Any] | None = None
     parallel: str = "data"  # or tensor, as the config and flags say (mlxcluster/parallel.py)
+    # Defaults a dry run has not made yet ("data", "model"): their files are shown, not checked.
+    pending: frozenset[str] = frozenset()
     interactive: bool = field(default_factory=lambda: sys.stdin.isatty() and sys.stdout.isatty())
 
 
@@ -91,17 +107,21 @@ def finetune_argv(*, model: str, data: str, adapter_path: str, config: str | Non
 def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = False) -> Plan:
     """The run, as commands: nothing is run. resume: continue run_id from its latest checkpoint
     (request.config is then the run's own config.yaml)."""
-    steps, placed = sync.training_inputs(cluster, request.data.resolve(), request.model.resolve(),
-                                         request.config, installed=request.installed)
+    data, model = shipments(request)
+    steps, placed = sync.training_inputs(cluster, data, model, request.config, installed=request.installed)
     run_dir = f"{cluster.head.runs_dir}/{run_id}"
-    if resume and (RUNS / run_id / "checkpoints").is_dir():
-        steps.append(sync.push_checkpoints(RUNS / run_id, cluster.head, run_dir))
+    if resume and (restore := sync.push_checkpoints(RUNS / run_id, cluster.head, run_dir)):
+        steps.append(restore)
     parallel.check(cluster, request.model, request.parallel)
-    shared = batch_shares.for_run(cluster, request.config, request.overrides, request.calibration)
+    overrides = run_settings.user_flags(request.overrides)
+    shared = batch_shares.for_run(cluster, request.config, overrides, request.calibration)
     # The shares go before the user's flags: a --batch-shares of theirs wins.
+    overrides = [*(shared.args if shared else []), *overrides]
+    # The ranks' own rules, here: settings they would refuse stop the run before anything is sent.
+    run_settings.check(request.config, overrides, cluster.world_size)
     program = finetune_argv(model=placed.model, data=placed.data, adapter_path=run_dir,
                             config=placed.config, resume=resume, world_size=cluster.world_size,
-                            overrides=[*(shared.args if shared else []), *request.overrides])
+                            overrides=overrides)
     choice = launch.choice_for(cluster, request.backend)
     backend = choice.backend
     job = launch.Job(program, backend=backend, interface=request.interface,
@@ -109,6 +129,41 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
                      interactive=request.interactive, mlx_envs=request.mlx_envs)
     return Plan(cluster, request, run_id, resume, backend, steps, launch.command(cluster, job),
                 sync.pull(cluster.head, run_dir, RUNS / run_id), backend_why=choice.why, shares=shared)
+
+
+def shipments(request: Request) -> tuple[shipment.Shipment, shipment.Shipment]:
+    """The files of the data and of the model that go to the nodes, each checked (a default that a
+    dry run has not made yet: the files it will have). An installed model goes nowhere."""
+    # Names first: a folder whose name cannot be one on the nodes is refused as such.
+    sync.plain_name(request.data, "data")
+    if not request.installed:
+        sync.plain_name(request.model, "model")
+    if "data" in request.pending:
+        data = shipment.Shipment(request.data.resolve(), inputs.DEMO_SPLITS)
+    else:
+        data = shipment.dataset(request.data)
+    if request.installed:
+        model = shipment.Shipment(request.model.resolve(), ())
+    elif "model" in request.pending:
+        model = shipment.Shipment(request.model.resolve(), (MODEL_FILES,))
+    else:
+        model = shipment.model(request.model)
+    return data, model
+
+
+# How a dry run shows the files of a model it has not fetched yet.
+MODEL_FILES = "@MODEL_FILES@"
+
+
+def pending_notes(request: Request) -> list[str]:
+    """What a dry run says of the defaults it did not make."""
+    notes = []
+    if "data" in request.pending:
+        notes.append(f"the data: the bundled pirate demo, prepared into {request.data} on first use")
+    if "model" in request.pending:
+        notes.append(f"{MODEL_FILES}: the files the manifest of {request.model} lists, once a run has "
+                     "fetched it (SmolLM2-135M)")
+    return notes
 
 
 def show(plan: Plan, notes: Sequence[str] = ()) -> None:
@@ -179,7 +234,8 @@ def execute(plan: Plan, inventory: str) -> Path:
             "wall_time_s": None, "sync_s": round(time.perf_counter() - synced, 1),
             "launch": shlex.join(plan.launch)}
     if plan.resume:
-        info["attempts"] = runs.read_info(plan.results).get("attempts", 1) + 1
+        attempts = runs.read_info(plan.results).get("attempts", 1)
+        info["attempts"] = (attempts if isinstance(attempts, int) else 1) + 1
     runs.write_info(plan.results, info)
     oom_before = doctor.oom_kills(plan.cluster)
     start = time.perf_counter()
@@ -244,38 +300,40 @@ def _resumed(options: Options) -> tuple[str | None, Options]:
         raise UserError("--config and --resume do not go together: a resumed run keeps the "
                         "settings it was started with (change reporting and the like with --extra)")
     run_id, info = runs.resumable(RUNS, None if options.resume is True else str(options.resume))
+    recorded_data, recorded_model = (runs.recorded_path(RUNS / run_id, info, key)
+                                     for key in ("data", "model"))
     if options.model and info.get("model_sha256"):
         given = manifest_sha256(Path(options.model))
-        if given != info["model_sha256"]:
+        if given != str(info["model_sha256"]):
             raise UserError(f"--model {options.model} is not the model run {run_id} was trained on "
-                            f"({info['model']}, manifest sha256 {info['model_sha256'][:12]}; this one "
+                            f"({recorded_model}, manifest sha256 {str(info['model_sha256'])[:12]}; this one "
                             f"{'has no manifest' if given is None else given[:12]}): resume without "
                             "--model, or start a new run with invoke train")
     return run_id, dataclasses.replace(
-        options, data=options.data or info["data"], model=options.model or info["model"],
+        options, data=options.data or recorded_data, model=options.model or recorded_model,
         backend=options.backend or info.get("backend"), config=str(runs.resume_config(run_id)))
 
 
 def request_for(rec: Recorded, options: Options, *, fetch: bool) -> Request:
-    config = Path(options.config).resolve() if options.config else None
-    if config and not config.is_file():
-        raise UserError(f"--config {options.config} does not exist")
+    config = shipment.config_file(Path(options.config)).resolve() if options.config else None
     installed = inputs.installed_model(rec.cluster, options.model)
-    data, model = inputs.resolve(rec.cluster, options.data,
-                                 installed["controller_path"] if installed else options.model,
-                                 fetch=fetch, check=not options.dry_run, installed=bool(installed))
-    overrides = shlex.split(options.extra)
+    model_given = installed["controller_path"] if installed else options.model
+    data, model = inputs.resolve(rec.cluster, options.data, model_given, fetch=fetch, check=False)
+    # A default a dry run did not make: the plan shows the files it will have.
+    pending = frozenset(name for name, given, path in (("data", options.data, data),
+                                                       ("model", model_given, model))
+                        if not given and not path.exists())
+    overrides = run_settings.user_flags(run_settings.split_extra(options.extra))
     if options.iters:
         overrides += ["--iters", str(options.iters)]
     if options.batch_size:
         overrides += ["--batch-size", str(options.batch_size)]
     overrides += parallel.flags(options.parallel)
-    settings = batch_shares.run_settings(config, overrides)
-    return Request(data, model, config, overrides, options.backend, options.interface,
-                   int(options.btl_tcp_links) if options.btl_tcp_links else None,
-                   int(options.threads) if options.threads else None,
-                   installed["path"] if installed else None, mlx_envs=rec.mlx_envs,
-                   calibration=calibration_for(rec, model, settings), parallel=settings.parallel)
+    settings = run_settings.read(config, overrides)
+    return Request(data, model, config, overrides, options.backend, flags.interface(options.interface),
+                   options.btl_tcp_links, options.threads, installed["path"] if installed else None,
+                   mlx_envs=rec.mlx_envs, calibration=calibration_for(rec, model, settings),
+                   parallel=settings.parallel, pending=pending)
 
 
 def calibration_for(rec: Recorded, model: Path, settings: FinetuneConfig) -> Mapping[str, Any] | None:
@@ -296,7 +354,7 @@ def train(inventory: str, options: Options) -> Path | None:
     the_plan = plan(rec.cluster, request, run_id=resume_run or runs.new_id(),
                     resume=resume_run is not None)
     if options.dry_run:
-        show(the_plan, notes)
+        show(the_plan, [*notes, *pending_notes(request)])
         return None
     doctor.preflight(rec.cluster, inputs.model_bytes(request.model))
     return execute(the_plan, rec.inventory)

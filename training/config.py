@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import dataclasses
 import difflib
+import math
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,6 +27,8 @@ from training import shares
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "lora.yaml"
 LR_SCHEDULES = ("none", "cosine")
 PARALLEL_MODES = ("data", "tensor")
+# Integers beyond this are no step count, seed or size a run can use (and some cannot be printed).
+LARGEST_INT = 10**18
 
 
 class ConfigError(ValueError):
@@ -89,6 +92,15 @@ CONFIG_KEYS = tuple(f.name for f in dataclasses.fields(FinetuneConfig))
 _TYPES = typing.get_type_hints(FinetuneConfig)
 
 
+def _shown(value: Any) -> str:
+    """A value as a message shows it: short, on one line, even when it is huge."""
+    try:
+        text = repr(value)
+    except ValueError:  # an integer too long for Python to print
+        return "an integer of more than 4300 digits"
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
 def _coerce(key: str, value: Any, source: str) -> Any:
     """`value` as the type of `key`, or a ConfigError naming the key and where it came from."""
     kind = _TYPES[key]
@@ -97,22 +109,26 @@ def _coerce(key: str, value: Any, source: str) -> Any:
             return value
         raise ConfigError(f"{source}: {key} must be true or false, got {value!r}")
     if kind is int:
-        if isinstance(value, int) and not isinstance(value, bool):
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) < LARGEST_INT:
             return value
-        raise ConfigError(f"{source}: {key} must be an integer, got {value!r}")
+        raise ConfigError(f"{source}: {key} must be an integer of at most 18 digits, got {_shown(value)}")
     if kind is float:
         # PyYAML reads 1e-5 (no dot) as a string.
         if isinstance(value, (int, float, str)) and not isinstance(value, bool):
-            with contextlib.suppress(ValueError):
-                return float(value)
-        raise ConfigError(f"{source}: {key} must be a number, got {value!r}")
+            with contextlib.suppress(ValueError, OverflowError):
+                number = float(value)
+                if math.isfinite(number):
+                    return number
+        raise ConfigError(f"{source}: {key} must be a finite number, got {_shown(value)}")
     if value is None and kind == (str | None):
         return None
     if kind == (str | None) and isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) >= LARGEST_INT:
+            raise ConfigError(f"{source}: {key} must be an integer of at most 18 digits, got {_shown(value)}")
         return str(value)  # YAML reads `max_micro_batch: 2` as a number
     if isinstance(value, str):
         return value
-    raise ConfigError(f"{source}: {key} must be a string, got {value!r}")
+    raise ConfigError(f"{source}: {key} must be a string, got {_shown(value)}")
 
 
 def merge_config(
@@ -143,8 +159,16 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         values = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file (UTF-8): give a YAML settings file") from None
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot be read ({error.strerror})") from None
     except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(error).split())}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a settings file") from None
+    except ValueError:  # PyYAML's int() of a number over 4300 digits
+        raise ConfigError(f"{path}: holds a number too long to read (over 4300 digits)") from None
     if values is None:
         return {}
     if not isinstance(values, dict):
@@ -238,7 +262,9 @@ def batch_plan(config: FinetuneConfig, world_size: int) -> BatchPlan:
 
 def validate_config(config: FinetuneConfig, world_size: int = 1) -> None:
     if problems := config_problems(config, world_size):
-        raise ConfigError("invalid settings:\n  " + "\n  ".join(problems))
+        # One problem, one line; several, one line each.
+        raise ConfigError("invalid settings: " + (problems[0] if len(problems) == 1
+                                                  else "\n  " + "\n  ".join(problems)))
 
 
 def lr_schedule_config(config: FinetuneConfig) -> dict[str, Any] | None:

@@ -9,8 +9,8 @@ Three kinds of source give the same result, a directory that `mlx_lm.load` reads
   float weights, a llama config and a Hugging Face tokenizer rebuilt from the GGUF metadata.
   Any other llama GGUF file with a byte-level BPE tokenizer converts the same way
   (`training/gguf.py`).
-- a local model directory: validated, then copied (cast to the requested dtype, and dequantized
-  on Linux, where 4-bit matmuls are slow).
+- a local model directory: validated, then its model files copied (cast to the requested dtype,
+  and dequantized on Linux, where 4-bit matmuls are slow); anything else in it stays behind.
 - a Hugging Face repo id (`org/name`): downloaded with `huggingface_hub`, then as a local directory.
 
     python -m training.model fetch --output models/base
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fnmatch
 import json
 import os
 import re
@@ -132,14 +133,21 @@ def is_quantized(config: dict[str, Any]) -> bool:
     return "quantization" in config or "quantization_config" in config
 
 
+def is_model_file(name: str) -> bool:
+    """Whether a file of this name is one an mlx-lm model is made of (HUB_ALLOW_PATTERNS): what
+    fetch copies, and all that mlxcluster/shipment.py lets a model's manifest list."""
+    return any(fnmatch.fnmatch(name, pattern) for pattern in HUB_ALLOW_PATTERNS)
+
+
 def _safetensors_dtypes(path: Path) -> set[str]:
     with path.open("rb") as f:
         header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
     return {entry["dtype"] for name, entry in header.items() if name != "__metadata__"}
 
 
-def copy_model_dir(source: Path, output: Path, dtype: str, dequantize: bool) -> str:
-    """Copy a validated model directory into `output`; returns what was done to the weights.
+def copy_model_dir(source: Path, output: Path, dtype: str, dequantize: bool) -> tuple[str, list[str]]:
+    """Copy a validated model directory's model files into `output`; returns what was done to the
+    weights, and the names of the files left out.
 
     Float weights are cast to `dtype`. A quantized model is dequantized with mlx-lm's
     utilities when `dequantize` is true and copied as it is otherwise.
@@ -147,8 +155,10 @@ def copy_model_dir(source: Path, output: Path, dtype: str, dequantize: bool) -> 
     if missing := missing_files(source):
         raise FetchError(f"{source} is not an mlx-lm model directory; missing: {', '.join(missing)}")
     config = json.loads((source / "config.json").read_text())
-    # mlx-lm reads model*.safetensors only; other weights (Mistral's consolidated.safetensors) stay behind.
-    files = [p for p in model_files(source) if p.suffix != ".safetensors" or p.name.startswith("model")]
+    # Whatever else a folder holds (a key, a token, notes; Mistral's consolidated.safetensors, which
+    # mlx-lm does not read) stays behind: the copy goes on to every node.
+    files = [p for p in model_files(source) if is_model_file(p.name)]
+    left_out = [p.name for p in model_files(source) if not is_model_file(p.name)]
     weights = [p for p in files if p.suffix == ".safetensors"]
     if is_quantized(config) and dequantize:
         _dequantize_model_dir(source, output, config, dtype)
@@ -168,7 +178,7 @@ def copy_model_dir(source: Path, output: Path, dtype: str, dequantize: bool) -> 
         action = f"cast to {dtype}"
     for path in files:
         shutil.copyfile(path, output / path.name)
-    return action
+    return action, left_out
 
 
 def _cast(arrays: dict[str, mx.array], dtype: str) -> dict[str, mx.array]:
@@ -251,6 +261,7 @@ def fetch(
         dequantize = sys.platform != "darwin"
     source = source or DEFAULT_SOURCE
     output = Path(output)
+    left_out: list[str] = []
     with _staging(output) as staging:
         if source == DEFAULT_SOURCE:
             convert_gguf(smollm2_gguf(), staging, dtype)
@@ -259,16 +270,18 @@ def fetch(
             convert_gguf(Path(source), staging, dtype)
             action = f"converted to {dtype}"
         elif Path(source).is_dir():
-            action = copy_model_dir(Path(source), staging, dtype, dequantize)
+            action, left_out = copy_model_dir(Path(source), staging, dtype, dequantize)
         elif looks_like_repo_id(source):
-            action = copy_model_dir(download(source, revision), staging, dtype, dequantize)
+            action, left_out = copy_model_dir(download(source, revision), staging, dtype, dequantize)
         else:
             raise FetchError(
                 f"model source {source!r} is not {DEFAULT_SOURCE!r}, a .gguf file, "
                 "a model directory or a Hugging Face repo id (org/name)"
             )
+        # Named beside the action, so that whoever fetched can tell a file was not forgotten.
+        extra = {"left_out": ", ".join(left_out)} if left_out else {}
         write_manifest(staging, source=source, weights=action, dtype=dtype,
-                       dequantize=str(dequantize).lower())
+                       dequantize=str(dequantize).lower(), **extra)
     return output
 
 
@@ -299,7 +312,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.source, args.output, args.dtype, dequantize=args.dequantize, revision=args.revision
             )
             manifest = json.loads((output / MANIFEST).read_text())
-            print(f"{output}: {manifest['weights']}, {len(manifest['files'])} files")
+            line = f"{output}: {manifest['weights']}, {len(manifest['files'])} files"
+            if manifest.get("left_out"):
+                line += f"; left out: {manifest['left_out']} (not model files)"
+            print(line)
             return 0
         problems = verify(args.model_dir)
     except FetchError as e:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxcluster import batch_shares, doctor, inputs, train
+from mlxcluster import settings as run_settings
 from mlxcluster.bench import results
 from mlxcluster.cluster import Cluster, Node, Recorded
 from training.config import FinetuneConfig
@@ -63,7 +64,7 @@ def plan(rec: Recorded, *, iters: int, batch_size: int | None, data: str | None,
          config: str | None, threads: int | None, extra: str) -> Plan:
     data_dir, model_dir = inputs.resolve(rec.cluster, data, model)
     config_file = Path(config).resolve() if config else None
-    settings = batch_shares.run_settings(config_file, shlex.split(extra))
+    settings = run_settings.read(config_file, run_settings.split_extra(extra))
     global_batch = batch_size or settings.batch_size
     per_rank = max(1, math.ceil(global_batch / max(rec.cluster.world_size, 1)))
     overrides = ["--iters", str(iters), "--batch-size", str(per_rank), "--steps-per-report", "2",

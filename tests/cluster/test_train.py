@@ -408,3 +408,69 @@ def test_train_stops_before_launching_when_a_node_is_down(provisioned, tmp_path)
     assert "node2" in proc.stderr and "management ssh" in proc.stderr
     assert "training on" not in proc.stdout and "sync code" not in proc.stdout
     assert time.perf_counter() - start < 60
+
+
+def canary_home(tmp_path: Path, model_dir: Path, data_dir: Path, canary: str) -> Path:
+    """A fake home folder that is also a data set and a model (a user's own mixed-up folder),
+    with a private key, a Hugging Face token and a note beside them, each holding `canary`."""
+    home = tmp_path / "home"
+    for private in (".ssh/id_ed25519", ".cache/huggingface/token", "notes.txt"):
+        (home / private).parent.mkdir(parents=True, exist_ok=True)
+        (home / private).write_text(f"-----BEGIN OPENSSH PRIVATE KEY----- {canary}\n")
+    for source in (data_dir, model_dir):
+        for file in source.iterdir():
+            shutil.copy(file, home / file.name)
+    (home / "my.yaml").write_text("num_layers: 1\nmax_seq_length: 512\n")
+    return home
+
+
+def nodes_holding(cluster: LabCluster, canary: str) -> list[str]:
+    """Every file any lab node wrote (its overlays' upper layers, its private /tmp) that holds
+    `canary`."""
+    found = []
+    for i in cluster.lab.nodes():
+        upper = cluster.lab.node_dir(i) / "upper"
+        grep = subprocess.run(["grep", "-rlF", canary, str(upper)], capture_output=True, text=True)
+        found += grep.stdout.split()
+        tmp = cluster.ssh(i, f"grep -rlF {canary} /tmp --exclude-dir=mlx || true")
+        found += [f"node{i}:{path}" for path in tmp.stdout.split()]
+    return found
+
+
+def test_a_home_folder_given_as_data_model_config_or_run_sends_only_what_the_job_reads(
+        provisioned, tiny_inputs, tmp_path):
+    model_dir, data_dir = tiny_inputs
+    canary = f"canary-{os.urandom(6).hex()}"
+    home = canary_home(tmp_path, model_dir, data_dir, canary)
+    proc = invoke_train(provisioned, "--data", str(home), "--model", str(home), "--config",
+                        str(home / "my.yaml"), "--iters", "2", "--batch-size", "2",
+                        "--extra", "--steps-per-report 1 --steps-per-eval 2 --val-batches 1 --save-every 1")
+    run_dir = finished_run(proc)
+    try:
+        # The splits, the model's files and the config went; nothing else of the folder did.
+        listing = provisioned.ssh(2, "ls -A /opt/mlx-cluster/work/data/home /opt/mlx-cluster/models/home")
+        assert listing.stdout.split() == [
+            "/opt/mlx-cluster/models/home:", *sorted(json.loads((model_dir / "manifest.json").read_text())
+                                                     ["files"].keys() | {"manifest.json"}),
+            "/opt/mlx-cluster/work/data/home:", "train.jsonl", "valid.jsonl"], listing.stdout
+        assert nodes_holding(provisioned, canary) == []
+
+        # A resumed run whose checkpoints folder is a link out of it: refused, nothing sent.
+        (run_dir / "summary.json").unlink()
+        shutil.rmtree(run_dir / "checkpoints")
+        (run_dir / "checkpoints").symlink_to(home / ".ssh")
+        resumed = invoke_train(provisioned, f"--resume={run_dir.name}", timeout=120)
+        assert resumed.returncode != 0
+        assert "is not a folder of the run (a link or a file)" in resumed.stderr
+        assert "==>" not in resumed.stdout  # nothing ran
+
+        # A split that leads out of the data folder: refused, naming it, before any copy.
+        (tmp_path / "elsewhere.jsonl").write_text(canary)
+        (home / "valid.jsonl").unlink()
+        (home / "valid.jsonl").symlink_to(tmp_path / "elsewhere.jsonl")
+        refused = invoke_train(provisioned, "--data", str(home), "--iters", "2", timeout=120)
+        assert refused.returncode != 0 and "==>" not in refused.stdout
+        assert f"valid.jsonl leads out of the folder (to {tmp_path / 'elsewhere.jsonl'})" in refused.stderr
+        assert nodes_holding(provisioned, canary) == []
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)

@@ -5,16 +5,16 @@ numbers, or from the latest calibration for auto), passed to every rank and said
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from mlxcluster import batch_shares
+from mlxcluster import batch_shares, settings
 from mlxcluster import train as training
 from mlxcluster.cluster import Cluster
 from mlxcluster.errors import UserError
 from mlxcluster.inventory import inventory_errors
 from mlxcluster.train import shares_line
+from tests.unit import fake_inputs
 from tests.unit.test_train_plan import lab_layout, plan
 
 
@@ -33,8 +33,8 @@ def calibration(**speeds: float) -> dict:
 
 
 def training_plan(cluster: Cluster, found: dict | None, batch: int) -> training.Plan:
-    request = training.Request(Path("/d/p"), Path("/m/t"), None, ("--batch-size", str(batch)),
-                               interactive=False, calibration=found)
+    request = training.Request(fake_inputs.dataset("/d/p"), fake_inputs.model("/m/t"), None,
+                               ("--batch-size", str(batch)), interactive=False, calibration=found)
     return training.plan(cluster, request, run_id="r1")
 
 
@@ -114,7 +114,7 @@ def test_the_latest_calibration_of_the_same_model_and_sequence_length_is_used(tm
     path = tmp_path / "calibration.json"
     model = tmp_path / "model"
     model.mkdir()
-    key = batch_shares.calibration_key(model, batch_shares.run_settings(None, ["--max-seq-length", "512"]))
+    key = batch_shares.calibration_key(model, settings.read(None, ["--max-seq-length", "512"]))
     # A model without a manifest is known by its path.
     assert key == {"model_id": f"path:{model}", "max_seq_length": 512}
     assert batch_shares.latest_calibration(path, key) is None
@@ -130,12 +130,12 @@ def test_the_latest_calibration_of_the_same_model_and_sequence_length_is_used(tm
 def test_the_run_settings_are_the_config_file_then_the_flags(tmp_path):
     config = tmp_path / "mine.yaml"
     config.write_text("batch_size: 6\nmax_seq_length: 512\n")
-    settings = batch_shares.run_settings(config, ["--batch-size", "8", "--steps-per-report", "1"])
-    assert (settings.batch_size, settings.max_seq_length) == (8, 512)
-    assert batch_shares.run_settings(None, []).batch_size == 4  # the shipped lora.yaml
+    read = settings.read(config, ["--batch-size", "8", "--steps-per-report", "1"])
+    assert (read.batch_size, read.max_seq_length) == (8, 512)
+    assert settings.read(None, []).batch_size == 4  # the shipped lora.yaml
     with pytest.raises(UserError, match="unknown key"):
         config.write_text("batch_sise: 6\n")
-        batch_shares.run_settings(config, [])
+        settings.read(config, [])
 
 
 def test_the_shares_benchmark_reports_the_ratio_and_the_share_of_the_solo_speeds():

@@ -42,12 +42,20 @@ def test_values_are_checked_against_their_types():
     # PyYAML reads 1e-5 without a dot as a string; a learning rate may still be written so.
     assert tc.merge_config(yaml.safe_load("learning_rate: 1e-5"), {}).learning_rate == 1e-5
     assert tc.merge_config({"resume_adapter_file": None}, {}).resume_adapter_file is None
-    with pytest.raises(tc.ConfigError, match=r"my\.yaml: iters must be an integer, got 'ten'"):
+    with pytest.raises(tc.ConfigError, match=r"my\.yaml: iters must be an integer of at most 18 digits, "
+                                             r"got 'ten'"):
         tc.merge_config({"iters": "ten"}, {}, source="my.yaml")
     with pytest.raises(tc.ConfigError, match="grad_checkpoint must be true or false, got 'yes please'"):
         tc.merge_config({"grad_checkpoint": "yes please"}, {})
-    with pytest.raises(tc.ConfigError, match="batch_size must be an integer, got True"):
+    with pytest.raises(tc.ConfigError, match="batch_size must be an integer of at most 18 digits, got True"):
         tc.merge_config({"batch_size": True}, {})
+    # Sizes no run can use, and numbers that are none, are refused in one line too.
+    with pytest.raises(tc.ConfigError, match="iters must be an integer of at most 18 digits, got an integer "
+                                             "of more than 4300 digits"):
+        tc.merge_config({"iters": 10**5000}, {})
+    for value in ("inf", float("nan"), 1e400, "-Infinity"):
+        with pytest.raises(tc.ConfigError, match="learning_rate must be a finite number"):
+            tc.merge_config({"learning_rate": value}, {})
 
 
 def test_the_global_batch_is_shared_as_equally_as_can_be_or_as_batch_shares_says():

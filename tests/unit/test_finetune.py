@@ -38,7 +38,7 @@ def test_main_stops_on_a_batch_the_ranks_cannot_share_before_loading_the_model(
 
     assert ft.main(["--batch-size", "3"], environ={}) == 2
     assert (
-        "rank 0: error: invalid settings:\n  a global batch of 3 cannot give each of 4 ranks an example"
+        "rank 0: error: invalid settings: a global batch of 3 cannot give each of 4 ranks an example"
         in capsys.readouterr().err
     )
 

@@ -17,6 +17,7 @@ from mlx_lm.utils import save_model
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from mlxcluster import shipment
 from training import manifest
 from training import model as tm
 
@@ -128,6 +129,26 @@ def test_quantized_model_is_dequantized_on_request_and_kept_otherwise(tmp_path: 
     kept = tm.fetch(str(source), tmp_path / "kept", "float32", dequantize=False)
     assert (kept / "model.safetensors").read_bytes() == (source / "model.safetensors").read_bytes()
     assert "quantization" in json.loads((kept / "config.json").read_text())
+
+
+def test_only_model_files_of_a_local_dir_are_fetched(tiny_dir: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]):
+    (tiny_dir / "id_ed25519").write_text("-----BEGIN OPENSSH PRIVATE KEY-----")
+    (tiny_dir / ".cache" / "huggingface").mkdir(parents=True)
+    (tiny_dir / ".cache" / "huggingface" / "token").write_text("hf_secret")
+    (tiny_dir / "notes.md").write_text("where I got it")
+    out = tmp_path / "out"
+
+    assert tm.main(["fetch", "--source", str(tiny_dir), "--output", str(out), "--dtype", "float32"]) == 0
+    assert capsys.readouterr().out == (f"{out}: copied (float32), 6 files; "
+                                       "left out: id_ed25519, notes.md (not model files)\n")
+    held = {str(p.relative_to(out)) for p in out.rglob("*")}
+    assert not held & {"id_ed25519", "notes.md", ".cache", ".cache/huggingface/token"}
+    listed = json.loads((out / tm.MANIFEST).read_text())["files"]
+    assert not {"id_ed25519", "notes.md", "token"} & set(listed)
+    assert all(tm.is_model_file(name) for name in listed)
+    assert set(shipment.model(out).files) == {*listed, tm.MANIFEST}
+    assert tm.verify(out) == []
 
 
 def test_incomplete_dir_names_what_is_missing_and_writes_nothing(tmp_path: Path):

@@ -11,7 +11,6 @@ import io
 import ipaddress
 import json
 import shlex
-from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, event, given, settings
@@ -27,6 +26,7 @@ from mlxcluster.inventory import (
     inventory_errors,
     training_hosts,
 )
+from tests.unit import fake_inputs
 from tests.unit.test_train_plan import lab_layout
 from training import prepare as tp
 
@@ -135,11 +135,21 @@ ROWS = st.one_of(
     st.fixed_dictionaries({"instruction": TEXT, "output": TEXT}, optional={"input": TEXT}),
     st.fixed_dictionaries({"messages": st.lists(MESSAGE, max_size=4)}),
     st.builds(lambda i: {"instruction": f"q{i}?", "response": f"a{i}."}, st.integers(0, 10**6)),
-    st.one_of(st.integers(), st.text(max_size=5), st.lists(st.integers(), max_size=2)))
+    st.one_of(st.integers(), st.text(max_size=5), st.lists(st.integers(), max_size=2)),
+    st.builds(lambda inside, around: RawLine(around.format(inside)), st.one_of(
+        st.integers(0, 100_000).map(lambda depth: "[" * depth + "]" * depth),
+        st.sampled_from([4300, 4301, 5000]).map(lambda digits: "9" * digits)), st.sampled_from(
+        ["{}", '{{"messages": {}}}', '{{"instruction": "q", "response": "a", "id": {}}}'])))
+
+
+class RawLine(str):
+    """A line written as it is: json.dumps cannot write nesting past json's recursion limit or an
+    int past Python's 4300 digits, which json.loads then fails on in its own ways."""
 
 
 def encoded(rows: list[Any], ascii_only: bool) -> bytes:
-    lines = "".join(json.dumps(row, ensure_ascii=ascii_only) + "\n" for row in rows)
+    lines = "".join((row if isinstance(row, RawLine) else json.dumps(row, ensure_ascii=ascii_only)) + "\n"
+                    for row in rows)
     return lines.encode("utf-8", errors="surrogatepass")  # a lone surrogate: invalid UTF-8
 
 
@@ -210,8 +220,8 @@ def remote_paths(argv: list[str]) -> list[str]:
 def test_every_rsync_remote_path_of_an_accepted_run_needs_no_quoting(root, data, model, config):
     layout = lab_layout()
     layout["nodes"] = [dict(node, cluster_root=root) for node in layout["nodes"]]
-    request = training.Request(Path("/d") / data, Path("/m") / model, Path("/c") / config,
-                               interactive=False)
+    request = training.Request(fake_inputs.dataset(f"/d/{data}"), fake_inputs.model(f"/m/{model}"),
+                               fake_inputs.config(f"/c/{config}"), interactive=False)
     the_plan = training.plan(Cluster.from_json(layout), request, run_id="r1")
     remote = [path for _, cmd in the_plan.steps for path in remote_paths(cmd)]
     assert len(remote) >= 6  # code, data, config, model, fan-out... each checked

@@ -79,3 +79,44 @@ def test_the_relay_holds_back_marked_lines_stamps_lines_and_gives_up_at_a_timeou
     slow = relay.relay([sys.executable, "-c", "import time; print('x', flush=True); time.sleep(30)"],
                        timeout=1.5)
     assert slow.code is None and slow.output == "x\n"
+
+
+def test_a_damaged_run_record_is_refused_with_what_to_do(tmp_path):
+    from mlxcluster.runs import RunError, read_info, resumable
+
+    run = tmp_path / "runs" / "20261125-000000"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("iters: 5\n")
+    for text, says in (('{"data": "/d/p", "mod', "cannot be read"), ("[1]", "holds no run record"),
+                       ("\xff\xfe", "cannot be read")):
+        (run / "run.json").write_text(text, encoding="latin-1")
+        with pytest.raises(RunError, match=says):
+            read_info(run)
+        with pytest.raises(RunError, match=says):
+            resumable(tmp_path / "runs", run.name)
+    (run / "run.json").write_text('{"model": "/m"}')
+    with pytest.raises(RunError, match="names no data: the run's record is damaged"):
+        runs.recorded_path(run, read_info(run), "data")
+
+
+def test_generate_refuses_a_folder_that_holds_no_adapters_naming_what_it_lacks(tmp_path):
+    from mlxcluster.runs import RunError, adapters_of, model_for
+
+    run = tmp_path / "run"
+    run.mkdir()
+    with pytest.raises(RunError, match=r"no adapter_config\.json"):
+        adapters_of(run)
+    (run / "adapter_config.json").write_text("{}")
+    (run / "adapters.safetensors").symlink_to(tmp_path / "gone.safetensors")  # a broken link
+    with pytest.raises(RunError, match=r"no adapters\.safetensors \(a broken link"):
+        adapters_of(run)
+    (run / "adapters.safetensors").unlink()
+    (run / "adapters.safetensors").write_bytes(b"")
+    with pytest.raises(RunError, match="lacks num_layers and lora_parameters"):
+        adapters_of(run)
+    (run / "adapter_config.json").write_text('{"num_layers": 1, "lora_parameters": {}}')
+    assert adapters_of(run) == run
+    with pytest.raises(RunError, match=r"has no run\.json: pass --model"):
+        model_for(run, None)
+    with pytest.raises(RunError, match=r"is not a model folder: it has no config\.json"):
+        model_for(run, str(run))

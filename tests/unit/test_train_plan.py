@@ -15,6 +15,7 @@ import pytest
 from mlxcluster import everywhere, paths
 from mlxcluster import train as training
 from mlxcluster.cluster import Cluster
+from tests.unit import fake_inputs
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -22,7 +23,11 @@ REPO = Path(__file__).resolve().parents[2]
 def plan(cluster: Cluster, *, data: str = "/d/p", model: str = "/m/t", config: str | None = None,
          overrides: tuple[str, ...] = (), backend: str | None = None, threads: int | None = None,
          resume: bool = False) -> training.Plan:
-    request = training.Request(Path(data), Path(model), Path(config) if config else None,
+    """The plan of a run on `cluster`; data, model and config given by name are made first (a
+    config that exists is used as it is)."""
+    config_file = Path(config) if config and Path(config).exists() else (
+        fake_inputs.config(config) if config else None)
+    request = training.Request(fake_inputs.dataset(data), fake_inputs.model(model), config_file,
                                overrides, backend, threads=threads, interactive=False)
     return training.plan(cluster, request, run_id="r1", resume=resume)
 
@@ -99,7 +104,8 @@ def test_dry_run_prints_the_commands_and_touches_no_host(tmp_path):
         (build / "cluster.json").write_text(json.dumps(lab_layout()))
         (build / "hostfile").write_text("10.78.5.11 slots=1\n10.78.5.12 slots=1\n")
         proc = subprocess.run([str(Path(sys.executable).parent / "invoke"), "train", "-i",
-                               str(inventory), "--dry-run", "--data", "/d/p", "--model", "/m/t"],
+                               str(inventory), "--dry-run", "--data", str(fake_inputs.dataset("/d/p")),
+                               "--model", str(fake_inputs.model("/m/t"))],
                               cwd=REPO, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
         assert "# launch on node1" in proc.stdout and "mpirun" in proc.stdout
@@ -107,7 +113,8 @@ def test_dry_run_prints_the_commands_and_touches_no_host(tmp_path):
         # A plan still shows what a run would do, and why a real run would stop.
         (build / "hostfile").write_text("10.78.5.11 slots=1\n")
         proc = subprocess.run([str(Path(sys.executable).parent / "invoke"), "train", "-i",
-                               str(inventory), "--dry-run", "--data", "/d/p", "--model", "/m/t"],
+                               str(inventory), "--dry-run", "--data", str(fake_inputs.dataset("/d/p")),
+                               "--model", str(fake_inputs.model("/m/t"))],
                               cwd=REPO, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.startswith("# a real run would stop now: cannot launch: the rendered "
@@ -190,8 +197,14 @@ def test_data_model_or_config_without_a_plain_name_is_refused_before_any_copy():
 
     from mlxcluster.errors import UserError
     cluster = Cluster.from_json(lab_layout())
-    for kwargs, says in (({"data": "/"}, "--data /"), ({"model": "/"}, "--model /"),
-                         ({"data": "/d/my data"}, "'my data'"), ({"model": "/m/$(reboot)"}, "'$(reboot)'"),
+    for given, says in (("data", "--data /"), ("model", "--model /")):
+        request = training.Request(Path("/") if given == "data" else fake_inputs.dataset("/d/p"),
+                                   Path("/") if given == "model" else fake_inputs.model("/m/t"),
+                                   interactive=False)
+        with pytest.raises(UserError, match="letters, digits") as info:
+            training.plan(cluster, request, run_id="r1")
+        assert says in str(info.value)
+    for kwargs, says in (({"data": "/d/my data"}, "'my data'"), ({"model": "/m/$(reboot)"}, "'$(reboot)'"),
                          ({"config": "/c/a b.yaml"}, "'a b.yaml'"), ({"data": "/d/.hidden"}, "'.hidden'")):
         with pytest.raises(UserError, match="letters, digits") as info:
             plan(cluster, **kwargs)
@@ -213,11 +226,11 @@ def test_a_resume_gives_the_launcher_the_checkpoints_it_lacks_and_keeps_its_own(
     (own / "state.json").write_text("launcher's")
     (own.parent / "0000010").mkdir()
     (own.parent / "0000010" / "state.json").write_text("launcher's too")
+    (saved.parent / "0000005").mkdir()
+    (saved.parent / "0000005" / "state.json").write_text("only on the controller")
     steps = plan(cluster, resume=True).steps
     [(label, restore)] = [(label, cmd) for label, cmd in steps if label.startswith("restore")]
     assert label == "restore the run's checkpoints on node1" and "--delete" not in restore
-    (saved.parent / "0000005").mkdir()
-    (saved.parent / "0000005" / "state.json").write_text("only on the controller")
     subprocess.run(restore, check=True, capture_output=True)
     assert (own.parent / "0000005" / "state.json").read_text() == "only on the controller"
     assert (own.parent / "0000010" / "state.json").read_text() == "launcher's too"  # kept
@@ -256,7 +269,8 @@ def test_a_resume_with_another_model_is_refused_naming_both(tmp_path, monkeypatc
 
 def dry_run(inventory: Path) -> subprocess.CompletedProcess:
     return subprocess.run([str(Path(sys.executable).parent / "invoke"), "train", "-i", str(inventory),
-                           "--dry-run", "--data", "/d/pirate", "--model", "/m/tiny"],
+                           "--dry-run", "--data", str(fake_inputs.dataset("/d/pirate")),
+                           "--model", str(fake_inputs.model("/m/tiny"))],
                           cwd=REPO, capture_output=True, text=True)
 
 
