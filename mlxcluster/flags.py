@@ -48,7 +48,13 @@ def interface(value: Any, flag: str = "--interface") -> str | None:
         return None
     text = str(value)
     for part in text.split(","):
-        if INTERFACE_NAME.fullmatch(part):
+        try:
+            ipaddress.ip_address(part)
+        except ValueError:
+            pass
+        else:
+            raise UserError(f"{flag} {value!r}: {part} is an address; give its network, e.g. {part}/24")
+        if "/" not in part and INTERFACE_NAME.fullmatch(part):
             continue
         try:
             ipaddress.ip_network(part, strict=False)
@@ -56,8 +62,6 @@ def interface(value: Any, flag: str = "--interface") -> str | None:
             raise UserError(f"{flag} {value!r}: give an interface name (like bridge0 or en2: at most 15 "
                             "letters, digits and . _ - : @) or a network such as 192.168.200.0/24, "
                             "several separated by commas") from None
-        if "/" not in part:
-            raise UserError(f"{flag} {value!r}: {part} is an address; give its network, e.g. {part}/24")
     return text
 
 

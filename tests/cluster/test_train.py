@@ -394,22 +394,6 @@ def test_a_slowed_node_gets_a_smaller_share_from_its_calibration(provisioned, ti
         assert provisioned.playbook("--tags", "hostfile").returncode == 0
 
 
-def test_train_stops_before_launching_when_a_node_is_down(provisioned, tmp_path):
-    """Last in this file: node2 stays down."""
-    lab.stop_node(provisioned.lab, 2)
-    start = time.perf_counter()
-    proc = subprocess.run(
-        [INVOKE, "train", "-i", str(provisioned.inventory), "--model", str(tmp_path),
-         "--data", str(REPO / "training" / "data")],
-        cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
-    assert proc.returncode != 0
-    # node2 itself, and node1 -> node2 over the link
-    assert "not launching: 2 check(s) failed" in proc.stderr, proc.stderr[-2000:]
-    assert "node2" in proc.stderr and "management ssh" in proc.stderr
-    assert "training on" not in proc.stdout and "sync code" not in proc.stdout
-    assert time.perf_counter() - start < 60
-
-
 def canary_home(tmp_path: Path, model_dir: Path, data_dir: Path, canary: str) -> Path:
     """A fake home folder that is also a data set and a model (a user's own mixed-up folder),
     with a private key, a Hugging Face token and a note beside them, each holding `canary`."""
@@ -474,3 +458,20 @@ def test_a_home_folder_given_as_data_model_config_or_run_sends_only_what_the_job
         assert nodes_holding(provisioned, canary) == []
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def test_train_stops_before_launching_when_a_node_is_down(provisioned, tiny_inputs):
+    """Last in this file: node2 stays down."""
+    model_dir, data_dir = tiny_inputs
+    lab.stop_node(provisioned.lab, 2)
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [INVOKE, "train", "-i", str(provisioned.inventory), "--model", str(model_dir),
+         "--data", str(data_dir)],
+        cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
+    assert proc.returncode != 0
+    # node2 itself, and node1 -> node2 over the link
+    assert "not launching: 2 check(s) failed" in proc.stderr, proc.stderr[-2000:]
+    assert "node2" in proc.stderr and "management ssh" in proc.stderr
+    assert "training on" not in proc.stdout and "sync code" not in proc.stdout
+    assert time.perf_counter() - start < 60
