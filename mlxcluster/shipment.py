@@ -14,7 +14,6 @@ file in it (.cache/huggingface/token) is refused, never followed.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -24,14 +23,12 @@ from mlxcluster.errors import UserError, shown
 from mlxcluster.paths import PLAIN_NAME
 from training.checkpoint_files import ARRAYS, DIRECTORY, NAME, STATE
 from training.manifest import MANIFEST
-from training.model import HUB_ALLOW_PATTERNS
+from training.model import is_model_file, missing_from
 
 # The splits mlx-lm's local data sets read (mlx_lm.tuner.datasets.load_local_dataset); train is
 # the one a run cannot do without.
 DATA_SPLITS = ("train.jsonl", "valid.jsonl", "test.jsonl")
 REQUIRED_SPLIT = "train.jsonl"
-# What an mlx-lm model directory cannot do without (training/model.py fetch checks the same).
-MODEL_NEEDS = (("config.json",), ("model*.safetensors",), ("tokenizer.json", "tokenizer.model", "*.tiktoken"))
 
 
 class ShipmentError(UserError):
@@ -118,13 +115,13 @@ def model(root: Path, what: str | None = None) -> Shipment:
     except (OSError, ValueError, ShipmentError) as error:
         raise ShipmentError(f"{what}: its {MANIFEST} cannot be read ({error}): fetch the model again "
                             "with invoke model.fetch") from None
-    if strays := [n for n in names if not any(fnmatch.fnmatch(n, p) for p in HUB_ALLOW_PATTERNS)]:
+    if strays := [n for n in names if not is_model_file(n)]:
         raise ShipmentError(f"{what}: its {MANIFEST} lists {', '.join(strays[:5])}, which no mlx-lm "
                             "model has (weights, config, tokenizer): fetch the model again with "
                             "invoke model.fetch")
-    if missing := [" or ".join(needs) for needs in MODEL_NEEDS
-                   if not any(fnmatch.fnmatch(n, p) for n in names for p in needs)]:
-        raise ShipmentError(f"{what} is not a whole model: its {MANIFEST} lists no {'; no '.join(missing)}")
+    # What training/model.py fetch requires of a model folder, here of the files its manifest lists.
+    if missing := missing_from(names):
+        raise ShipmentError(f"{what} is not a whole model: its {MANIFEST} lists no {', '.join(missing)}")
     return select(root, [*names, MANIFEST], what)
 
 

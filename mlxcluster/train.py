@@ -323,7 +323,8 @@ def request_for(rec: Recorded, options: Options, *, fetch: bool) -> Request:
     pending = frozenset(name for name, given, path in (("data", options.data, data),
                                                        ("model", model_given, model))
                         if not given and not path.exists())
-    overrides = run_settings.user_flags(run_settings.split_extra(options.extra))
+    # plan() refuses flags of the user's that name the run's own folders.
+    overrides = run_settings.split_extra(options.extra)
     if options.iters:
         overrides += ["--iters", str(options.iters)]
     if options.batch_size:

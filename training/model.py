@@ -117,16 +117,22 @@ def _check_sha256(path: Path, expected: str) -> None:
 # --- local directories and the hub ----------------------------------------------------------------
 
 
-def missing_files(model_dir: Path) -> list[str]:
-    """What an mlx-lm model directory lacks: config, weights, tokenizer."""
+def missing_from(names: list[str]) -> list[str]:
+    """What a model made of files of these names lacks: config, weights, tokenizer (a folder's
+    files, or the files a manifest lists)."""
     missing = []
-    if not (model_dir / "config.json").is_file():
+    if "config.json" not in names:
         missing.append("config.json")
-    if not any(model_dir.glob("model*.safetensors")):
+    if not fnmatch.filter(names, "model*.safetensors"):
         missing.append("model*.safetensors (weights)")
-    if not any(any(model_dir.glob(pattern)) for pattern in _TOKENIZER_FILES):
+    if not any(fnmatch.filter(names, pattern) for pattern in _TOKENIZER_FILES):
         missing.append(f"a tokenizer ({', '.join(_TOKENIZER_FILES)})")
     return missing
+
+
+def missing_files(model_dir: Path) -> list[str]:
+    """What an mlx-lm model directory lacks: config, weights, tokenizer."""
+    return missing_from([p.name for p in model_dir.iterdir() if p.is_file()])
 
 
 def is_quantized(config: dict[str, Any]) -> bool:
@@ -157,8 +163,9 @@ def copy_model_dir(source: Path, output: Path, dtype: str, dequantize: bool) -> 
     config = json.loads((source / "config.json").read_text())
     # Whatever else a folder holds (a key, a token, notes; Mistral's consolidated.safetensors, which
     # mlx-lm does not read) stays behind: the copy goes on to every node.
-    files = [p for p in model_files(source) if is_model_file(p.name)]
-    left_out = [p.name for p in model_files(source) if not is_model_file(p.name)]
+    found = model_files(source)
+    files = [p for p in found if is_model_file(p.name)]
+    left_out = [p.name for p in found if not is_model_file(p.name)]
     weights = [p for p in files if p.suffix == ".safetensors"]
     if is_quantized(config) and dequantize:
         _dequantize_model_dir(source, output, config, dtype)
