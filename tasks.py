@@ -17,21 +17,7 @@ from invoke.exceptions import Exit
 from invoke.tasks import Task
 from invoke.tasks import task as invoke_task
 
-from mlxcluster import (
-    ansible,
-    cabling,
-    devtools,
-    everywhere,
-    flags,
-    inputs,
-    lab,
-    lab_limits,
-    local,
-    paths,
-    runs,
-)
-from mlxcluster import doctor as checkup
-from mlxcluster import train as training
+from mlxcluster import devtools, local, paths
 from mlxcluster.bench import calibrate as bench_calibrate_module
 from mlxcluster.bench import links as bench_links_module
 from mlxcluster.bench import provision as bench_provision_module
@@ -39,9 +25,16 @@ from mlxcluster.bench import scaling as bench_scaling_module
 from mlxcluster.bench import shares as bench_shares_module
 from mlxcluster.bench import tensor as bench_tensor_module
 from mlxcluster.bench import train as bench_train_module
-from mlxcluster.cluster import recorded
+from mlxcluster.check import cabling
+from mlxcluster.check import doctor as checkup
+from mlxcluster.describe.cluster import recorded
 from mlxcluster.errors import UserError
-from mlxcluster.parallel import MODES
+from mlxcluster.jobs import everywhere, flags
+from mlxcluster.jobs import train as training
+from mlxcluster.lab import hosts, limits
+from mlxcluster.launch import runs
+from mlxcluster.launch.parallel import MODES
+from mlxcluster.provision import ansible, inputs
 
 INVENTORY_HELP = "Inventory file (default: cluster.inventory in invoke.yaml, the local machine)"
 
@@ -69,7 +62,7 @@ def _lab_id(c: Context, given: str | int | None) -> int:
 
 
 # Flags with a number default None, not the number: invoke would cast a bad value itself, with a
-# traceback; flags.py refuses it in one line instead. Their defaults are in their help.
+# traceback; mlxcluster/jobs/flags.py refuses it in one line instead. Their defaults are in their help.
 _whole = flags.whole_number
 
 
@@ -224,8 +217,8 @@ def test(c, unit=False, k=None, lint_first=True):
 def lab_up(c, nodes=None, id=None, cables=None):
     """Bring up a lab cluster of real Debian hosts in network namespaces (root)."""
     lab_id, count = _lab_id(c, id), _whole(nodes or c.config.lab.nodes, "--nodes", 1, 9) or 1
-    lab.prepare_offline_cache()
-    inventory = lab.up(count, lab_id, cables=cables)
+    hosts.prepare_offline_cache()
+    inventory = hosts.up(count, lab_id, cables=cables)
     print(f"lab {lab_id}: {count} hosts up; inventory: {inventory}")
     print(f"provision it with: invoke provision -i {inventory}")
 
@@ -233,13 +226,13 @@ def lab_up(c, nodes=None, id=None, cables=None):
 @task(name="down", help={"id": "Lab number 0-9"})
 def lab_down(c, id=None):
     """Tear the lab cluster down, leaving nothing behind."""
-    lab.down(_lab_id(c, id))
+    hosts.down(_lab_id(c, id))
 
 
 @task(name="status", help={"id": "Lab number 0-9"})
 def lab_status(c, id=None):
     """Show the lab's hosts and inventory."""
-    print(json.dumps(lab.status(_lab_id(c, id)), indent=2))
+    print(json.dumps(hosts.status(_lab_id(c, id)), indent=2))
 
 
 @task(name="limit", help={"node": "Node number", "id": "Lab number 0-9",
@@ -248,9 +241,9 @@ def lab_status(c, id=None):
                           "off": "Lift the node's limits"})
 def lab_limit(c, node, id=None, cpu=None, memory=None, off=False):
     """Make a lab node slower or smaller (a control group over its processes), like a lesser Mac."""
-    print(lab_limits.set_limits(lab.Lab(_lab_id(c, id)), _whole(node, "--node", 1, 9) or 1,
+    print(limits.set_limits(hosts.Lab(_lab_id(c, id)), _whole(node, "--node", 1, 9) or 1,
                                 flags.number(cpu, "--cpu", 1, 100 * 1024),
-                                lab_limits.parse_memory(memory) if memory else None, off))
+                                limits.parse_memory(memory) if memory else None, off))
 
 
 # -------------------------------------------------------------------------- benchmarks

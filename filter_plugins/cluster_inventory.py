@@ -1,11 +1,11 @@
-"""Ansible filters over the cluster inventory and its cabling; the logic lives in mlxcluster.inventory
-and mlxcluster.topology."""
+"""Ansible filters over the cluster inventory and its cabling; the logic lives in
+mlxcluster.describe.inventory and mlxcluster.describe.topology."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from mlxcluster.inventory import (
+from mlxcluster.describe.inventory import (
     LINK_KEYS,
     TOPOLOGY_KEYS,
     cluster_root_error,
@@ -14,7 +14,7 @@ from mlxcluster.inventory import (
     resolved,
     topology_view,
 )
-from mlxcluster.topology import (
+from mlxcluster.describe.topology import (
     addresses_of,
     contact_address,
     links_hostfile,
@@ -53,7 +53,7 @@ def thunderbolt_mode(cluster: list[str], hostvars: Any) -> str:
 
 def cluster_address(host: str, cluster: list[str], launcher: str, hostvars: Any) -> str | None:
     """``{{ host | cluster_address(groups['cluster'], groups['launcher'][0], hostvars) }}``: the
-    address a node is known by on the cluster link (mlxcluster/topology.py)."""
+    address a node is known by on the cluster link (mlxcluster/describe/topology.py)."""
     return contact_address(host, list(cluster), launcher, topology_view(cluster, hostvars))
 
 
@@ -64,7 +64,7 @@ def cluster_addresses(host: str, cluster: list[str], hostvars: Any) -> list[str]
 
 def cluster_rank_order(cluster: list[str], launcher: str, hostvars: Any) -> list[str]:
     """``{{ groups['cluster'] | cluster_rank_order(launcher, hostvars) }}``: every host in rank
-    order (mlxcluster/topology.py's rank_order)."""
+    order (mlxcluster/describe/topology.py's rank_order)."""
     return rank_order(list(cluster), launcher, topology_view(cluster, hostvars))
 
 

@@ -1,12 +1,12 @@
-"""Ansible filter that builds the recorded layout; the logic lives in mlxcluster.record."""
+"""Ansible filter that builds the recorded layout; the logic lives in mlxcluster.describe.record."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from mlxcluster.inventory import topology_view
-from mlxcluster.record import asked_backend, cables_of, planned, record, seen_in_run
+from mlxcluster.describe.inventory import topology_view
+from mlxcluster.describe.record import asked_backend, cables_of, planned, record, seen_in_run
 
 
 def cluster_record(groups: Mapping[str, list[str]], hostvars: Any, targeted: Iterable[str],

@@ -7,7 +7,7 @@ import posixpath
 from collections.abc import Mapping
 from typing import Any
 
-from mlxcluster.known_hosts import block_of
+from mlxcluster.describe.known_hosts import block_of
 
 
 def files_in(contents: Mapping[str, str], directory: str, mode: str = "0644") -> list[dict[str, Any]]:

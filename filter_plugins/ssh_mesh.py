@@ -1,10 +1,10 @@
-"""Ansible filters for the ssh_mesh role; the logic lives in mlxcluster.known_hosts."""
+"""Ansible filters for the ssh_mesh role; the logic lives in mlxcluster.describe.known_hosts."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from mlxcluster.known_hosts import block_lines, missing_keys, pinned
+from mlxcluster.describe.known_hosts import block_lines, missing_keys, pinned
 
 BEGIN, END = "BEGIN", "END"
 

@@ -20,7 +20,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mlxcluster.cabling import hardware_ports as port_devices
+from mlxcluster.check.cabling import hardware_ports as port_devices
 
 _ORDER_ENTRY = re.compile(r"^\((?:\d+|\*)\)\s+(?P<name>.+)\n\(Hardware Port: (?P<port>[^,]*), "
                           r"Device: (?P<device>[^)]*)\)", re.MULTILINE)

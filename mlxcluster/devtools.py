@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 
-from mlxcluster import lab, local
+from mlxcluster import local
+from mlxcluster.lab import hosts
 
 RUFF_TARGETS = ("tasks.py", "mlxcluster", "training", "tests", "filter_plugins")
 
@@ -23,5 +24,5 @@ def test(*, unit: bool = False, k: str | None = None) -> None:
     if k:
         cmd += ["-k", k]
     if not unit and os.geteuid() == 0:
-        lab.prepare_offline_cache()
+        hosts.prepare_offline_cache()
     local.run(cmd)

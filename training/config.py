@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from training import shares
+from training.data import shares
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "lora.yaml"
 LR_SCHEDULES = ("none", "cosine")
@@ -323,7 +323,7 @@ def check_inputs(config: FinetuneConfig) -> None:
     """Files the run reads, checked before the model loads."""
     data = Path(config.data)
     if not (data / "train.jsonl").is_file():
-        raise ConfigError(f"data: {data} has no train.jsonl (python -m training.prepare writes one)")
+        raise ConfigError(f"data: {data} has no train.jsonl (python -m training.data.prepare writes one)")
     if config.resume_adapter_file and not Path(config.resume_adapter_file).is_file():
         raise ConfigError(f"resume_adapter_file: {config.resume_adapter_file} does not exist")
 

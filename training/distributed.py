@@ -120,7 +120,7 @@ def init_distributed(
 
 
 def rank_prefix(group: Group) -> str:
-    """The `rank N: ` that starts a rank's messages when there are several ranks (mlxcluster/launch.py
+    """The `rank N: ` that starts a rank's messages when there are several ranks (mlxcluster/launch/builder.py
     reads it to name the rank that failed); "" alone."""
     return f"rank {group.rank()}: " if group.size() > 1 else ""
 
@@ -200,7 +200,7 @@ def per_rank(value: float, group: Any) -> list[float]:
 
 def check_ranks(model: nn.Module, group: Any, trained_tokens: int, layout: Any) -> RankChecks:
     """Compare the ranks after training: collectives, called by every rank in the same order.
-    `trained_tokens`: the tokens this rank trained on. `layout` (training/tensor_parallel.py): which
+    `trained_tokens`: the tokens this rank trained on. `layout` (training/sharding/tensor_parallel.py): which
     weights every rank holds whole, and the ranks that average gradients."""
     # Every rank must end with the same replicated LoRA weights (mlx-lm averages the gradients in
     # data parallelism; in tensor parallelism they get equal gradients): check it.

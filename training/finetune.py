@@ -12,7 +12,7 @@ mlx-lm's trainer already does the data parallelism, so this module does not redo
 every N-th example of each global batch (`batch_size` is the GLOBAL batch and must be divisible by
 the world size), gradients are averaged across ranks by the trainer (never average them again),
 losses and token counts are summed across ranks, and only rank 0 saves adapters. With
-`parallel: tensor` the ranks split the model instead of the batch (`training/tensor_parallel.py`):
+`parallel: tensor` the ranks split the model instead of the batch (`training/sharding/tensor_parallel.py`):
 each holds a shard of every layer, all compute the whole batch, nothing is averaged, each batch's
 tokens are counted once, and sharded adapters are gathered before rank 0 saves them.
 
@@ -23,23 +23,23 @@ A run, and the module that does each part:
    the launcher announces), instead of N processes each silently training alone
    (`training/distributed.py`);
 3. load the model, add the LoRA layers with the same seeds on every rank (the LoRA init and
-   dropout), load the data; a batch order that depends on the seed alone (`training/batches.py`),
+   dropout), load the data; a batch order that depends on the seed alone (`training/data/batches.py`),
    the same on every rank and after a resume;
 4. train with mlx-lm's loop: on rank 0 a progress bar, or plain lines when stdout is not a
-   terminal, as under mpirun (`training/progress.py`), and `metrics.jsonl` (`training/metrics.py`);
-5. summarize on rank 0: `summary.json` and `loss.png` (`training/report.py`), next to the adapters,
+   terminal, as under mpirun (`training/loop/progress.py`), and `metrics.jsonl` (`training/loop/metrics.py`);
+5. summarize on rank 0: `summary.json` and `loss.png` (`training/loop/report.py`), next to the adapters,
    `config.yaml` (the resolved settings: `--config` it to run again) and `adapter_config.json` as
    mlx-lm writes it.
 
-Every `save_every` steps rank 0 writes a checkpoint (`training/checkpoint.py`: adapters, optimizer
+Every `save_every` steps rank 0 writes a checkpoint (`training/loop/checkpoint.py`: adapters, optimizer
 state, step, RNG key, written aside and renamed into place). `--resume` continues the run in
-`adapter_path` from its latest checkpoint (`training/resume.py`): the same adapters, Adam moments,
+`adapter_path` from its latest checkpoint (`training/loop/resume.py`): the same adapters, Adam moments,
 step counter, learning rate schedule position and batch order, so an interrupted and resumed run
 ends with the adapters of an uninterrupted one. `resume_adapter_file` instead starts a new run from
 saved adapter weights alone, with a fresh optimizer, as mlx-lm does.
 
 A rank with no finished step or validation batch for `stall_timeout` seconds stops itself
-(`training/watchdog.py`): a node gone from the network otherwise leaves the rest waiting for ever.
+(`training/loop/watchdog.py`): a node gone from the network otherwise leaves the rest waiting for ever.
 """
 
 from __future__ import annotations
@@ -68,8 +68,6 @@ from mlx_lm.tuner.utils import build_schedule, linear_to_lora_layers, print_trai
 from mlx_lm.utils import save_config
 from rich.console import Console
 
-from training import checkpoint, report, tensor_parallel
-from training.batches import SharedBatches, summed_loss_with
 from training.config import (
     ConfigError,
     FinetuneConfig,
@@ -83,6 +81,7 @@ from training.config import (
     mlx_lm_args,
     validate_config,
 )
+from training.data.batches import SharedBatches, summed_loss_with
 from training.distributed import (
     DistributedError,
     RankChecks,
@@ -91,10 +90,12 @@ from training.distributed import (
     rank_prefix,
     wait_for_every_rank,
 )
-from training.metrics import MetricsCallback, ResumePoint
-from training.progress import ProgressDisplay, done_line
-from training.resume import Checkpointer, resume_from, resume_point
-from training.watchdog import StallWatchdog
+from training.loop import checkpoint, report
+from training.loop.metrics import MetricsCallback, ResumePoint
+from training.loop.progress import ProgressDisplay, done_line
+from training.loop.resume import Checkpointer, resume_from, resume_point
+from training.loop.watchdog import StallWatchdog
+from training.sharding import tensor_parallel
 
 # What rank 0 leaves in adapter_path, besides the checkpoints/ directory.
 OUTPUT_FILES = (
@@ -137,12 +138,12 @@ def load_data(config: FinetuneConfig, tokenizer: Any) -> tuple[Any, Any]:
 
 def load_model_and_data(config: FinetuneConfig, group: Any) -> Loaded:
     """The model with LoRA layers (from resume_adapter_file's weights if given), and the data.
-    In tensor parallelism, this rank's shard of the model (training/tensor_parallel.py)."""
+    In tensor parallelism, this rank's shard of the model (training/sharding/tensor_parallel.py)."""
     started = time.monotonic()
     lora_parameters = mlx_lm_args(config)["lora_parameters"]
     # Same seeds on every rank, after the model is built: the LoRA matrices start equal everywhere
     # (mlx), and equal to one process's in tensor parallelism. The batch order has its own RNG from
-    # the same seed (training/batches.py); numpy's global one is seeded for anything else.
+    # the same seed (training/data/batches.py); numpy's global one is seeded for anything else.
     if config.parallel == "tensor":
         model, tokenizer = tensor_parallel.load(config.model, group, config.num_layers, lora_parameters,
                                                 seed=config.seed)
@@ -352,7 +353,7 @@ def write_summary(
     except ImportError:
         print(
             f"note: no matplotlib on this node, so no loss.png yet: invoke train draws it on the controller "
-            f"(or run python -m training.report {out} where matplotlib is)",
+            f"(or run python -m training.loop.report {out} where matplotlib is)",
             flush=True,
         )
     return summary

@@ -4,7 +4,7 @@ Every node that trains runs a few steps of the configured model alone, one node 
 a shared machine two at once would slow each other), launched exactly as `invoke train` launches:
 one rank, its share of the run's global batch. Its tokens/s (past the first report, which compiles)
 and peak memory go into build/<inventory>/calibration.json under the model's manifest digest and
-the sequence length, where `invoke train` finds the latest one (mlxcluster/batch_shares.py).
+the sequence length, where `invoke train` finds the latest one (mlxcluster/launch/batch_shares.py).
 """
 
 from __future__ import annotations
@@ -18,10 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlxcluster import batch_shares, doctor, inputs, train
-from mlxcluster import settings as run_settings
 from mlxcluster.bench import results
-from mlxcluster.cluster import Cluster, Node, Recorded
+from mlxcluster.check import doctor
+from mlxcluster.describe.cluster import Cluster, Node, Recorded
+from mlxcluster.jobs import train
+from mlxcluster.launch import batch_shares
+from mlxcluster.launch import settings as run_settings
+from mlxcluster.provision import inputs
 from training.config import FinetuneConfig
 
 

@@ -1,7 +1,7 @@
 """`invoke bench.links`: how fast the cluster link is, node pair by node pair and for all-reduce.
 
-training/link_bench.py runs on every node (one rank per node) and measures, launched by the one
-builder (mlxcluster/launch.py); this module reads what rank 0 printed, flags slow and asymmetric
+training/tools/link_bench.py runs on every node (one rank per node) and measures, launched by the one
+builder (mlxcluster/launch/builder.py); this module reads what rank 0 printed, flags slow and asymmetric
 links, and renders the table and the PNG. All plain functions of their inputs but `run` and
 `measure`, so the unit tests drive them directly.
 
@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlxcluster import launch, relay, sync
 from mlxcluster.bench import results
-from mlxcluster.cluster import Cluster, Recorded
+from mlxcluster.describe.cluster import Cluster, Recorded
 from mlxcluster.errors import Interrupted, UserError
+from mlxcluster.launch import builder, relay, sync
 
-# What training/link_bench.py prefixes its JSON line with (a unit test keeps the two equal).
+# What training/tools/link_bench.py prefixes its JSON line with (a unit test keeps the two equal).
 MARKER = "LINK_BENCH_JSON "
 BACKENDS = ("mpi", "ring", "jaccl", "jaccl-ring")
 # A pair is slow when its bandwidth is below this fraction of the median pair's (same backend),
@@ -62,14 +62,14 @@ def parse_backends(text: str | None, cluster: Cluster) -> list[str]:
     """The backends to measure: those named, else on a bridge MPI and ring, and over per-cable
     networks the one training uses there (`--backend auto`: ring or JACCL)."""
     if not text:
-        return [launch.backend_for(cluster, None)] if cluster.cables else ["mpi", "ring"]
+        return [builder.backend_for(cluster, None)] if cluster.cables else ["mpi", "ring"]
     chosen = [b.strip() for b in text.split(",") if b.strip()]
     unknown = [b for b in chosen if b not in BACKENDS]
     if unknown or not chosen:
         raise LinkBenchError(f"--backends {text!r}: choose from {', '.join(BACKENDS)} "
                              "(comma-separated, e.g. mpi,ring)")
     for backend in chosen:
-        launch.choice_for(cluster, backend)  # refused on this cluster: say why before measuring
+        builder.choice_for(cluster, backend)  # refused on this cluster: say why before measuring
     return list(dict.fromkeys(chosen))
 
 
@@ -96,16 +96,16 @@ def one_rank_per_node(cluster: Cluster) -> Cluster:
 
 
 def program(layout: Cluster, *, max_bytes: int, tag: str) -> list[str]:
-    return ["python", "-m", "training.link_bench", "--max-size", str(max_bytes),
+    return ["python", "-m", "training.tools.link_bench", "--max-size", str(max_bytes),
             "--pair-bytes", str(min(PAIR_BYTES, max_bytes)),
             "--expected-world-size", str(layout.world_size), "--tag", tag]
 
 
 def job(layout: Cluster, backend: str, *, max_bytes: int, tag: str,
-        envs: Sequence[str] = ()) -> launch.Job:
+        envs: Sequence[str] = ()) -> builder.Job:
     """The benchmark launched as invoke train launches (env.sh, the cluster link pinned), with
     one rank per node: mpirun maps by node, mlx.launch gets a hosts file with one entry each."""
-    return launch.Job(program(layout, max_bytes=max_bytes, tag=tag), backend=backend,
+    return builder.Job(program(layout, max_bytes=max_bytes, tag=tag), backend=backend,
                       map_by_node=backend == "mpi",
                       ring_hosts_file=HOSTS_FILE if backend == "ring" else None, mlx_envs=envs)
 
@@ -127,7 +127,7 @@ def measure(rec: Recorded, layout: Cluster, backend: str, *, max_bytes: int, tag
     for rank 0's result line. A failed, interrupted or timed-out run is stopped on every node."""
     print(f"==> {backend}: pairs and all_sum up to {format_bytes(max_bytes)} on "
           f"{layout.world_size} nodes, one rank each", flush=True)
-    cmd = launch.command(layout, job(layout, backend, max_bytes=max_bytes, tag=tag,
+    cmd = builder.command(layout, job(layout, backend, max_bytes=max_bytes, tag=tag,
                                      envs=rec.mlx_envs))
     try:
         relayed = relay.supervise(layout, cmd, f"--tag {tag}", timeout=timeout, hide=MARKER,
@@ -136,7 +136,7 @@ def measure(rec: Recorded, layout: Cluster, backend: str, *, max_bytes: int, tag
         raise Interrupted("interrupted: the benchmark was stopped on every node") from None
     doc = extract("\n".join(relayed.held_back))
     if relayed.code != 0 or doc is None:  # mlx.launch exits 0 even when a rank failed
-        raise LinkBenchError(launch.failure_report(layout, backend, relayed.code, relayed.output,
+        raise LinkBenchError(builder.failure_report(layout, backend, relayed.code, relayed.output,
                                                    rec.inventory), code=relayed.code or 1)
     return doc
 

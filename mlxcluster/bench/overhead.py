@@ -26,10 +26,11 @@ from typing import Any
 
 import yaml
 
-from mlxcluster import launch, relay, sync, train
 from mlxcluster.bench import results
-from mlxcluster.cluster import Cluster
+from mlxcluster.describe.cluster import Cluster
 from mlxcluster.errors import UserError
+from mlxcluster.jobs import train
+from mlxcluster.launch import builder, relay, sync
 
 # The fine-tune both run: lora.yaml's defaults, reporting every 5 steps, one validation of
 # 2 batches before the first and before the last step.
@@ -58,7 +59,7 @@ def ours_flags(iters: int, settings: Mapping[str, Any] = SETTINGS) -> list[str]:
 
 def ours_program(model: str, data: str, adapter_path: str, iters: int,
                  settings: Mapping[str, Any] = SETTINGS) -> list[str]:
-    """What invoke train runs on its one rank (mlxcluster/train.py plans it so)."""
+    """What invoke train runs on its one rank (mlxcluster/jobs/train.py plans it so)."""
     return train.finetune_argv(model=model, data=data, adapter_path=adapter_path, world_size=1,
                                overrides=ours_flags(iters, settings))
 
@@ -135,7 +136,7 @@ def _stock(layout: Cluster, data: Path, model: Path, iters: int, run_id: str,
                          sync.push(Path(local), head, f"{head.work_dir}/bench-overhead"))])
     program = stock_program(placed.model, placed.data, f"{head.runs_dir}/{run_id}", iters,
                             f"{head.work_dir}/bench-overhead/lora.yaml", settings)
-    cmd = launch.command(layout, launch.Job(program, backend="direct"))
+    cmd = builder.command(layout, builder.Job(program, backend="direct"))
     return report_times(_stamped(layout, cmd, f"runs/{run_id}"), stock=True)
 
 

@@ -8,9 +8,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from mlxcluster import ansible, lab
 from mlxcluster.bench import results
 from mlxcluster.errors import UserError
+from mlxcluster.lab import hosts
+from mlxcluster.provision import ansible
 
 # The issue's aim for an idempotent re-run on 3 nodes, and how many slow tasks are reported.
 SECOND_RUN_TARGET_S = 20
@@ -29,9 +30,9 @@ def run(nodes: int = 3, lab_id: int = 8, output: str | None = None) -> Path:
     """A first and an idempotent second site.yml run on a fresh lab of `nodes` hosts, each
     profiled (ansible.posix.profile_tasks): times, tasks per host, changes, slowest tasks."""
     with tempfile.TemporaryDirectory(prefix="mlx-bench-facts-") as facts, \
-            lab.fresh(nodes, lab_id) as inventory:
+            hosts.fresh(nodes, lab_id) as inventory:
         cmd = ansible.provision(inventory)
-        env = {**lab.ansible_env(Path(facts)), **ansible.PROFILE_ENV}
+        env = {**hosts.ansible_env(Path(facts)), **ansible.PROFILE_ENV}
         first = ansible.timed_run(cmd, env)
         second = ansible.timed_run(cmd, env)
     result: dict[str, Any] = {

@@ -15,10 +15,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mlxcluster import doctor, inputs, runs, train
 from mlxcluster.bench import results
-from mlxcluster.cluster import Recorded
+from mlxcluster.check import doctor
+from mlxcluster.describe.cluster import Recorded
 from mlxcluster.errors import UserError
+from mlxcluster.jobs import train
+from mlxcluster.launch import runs
+from mlxcluster.provision import inputs
 
 # Where a run's time goes, in the order the report shows it. All are seconds of rank 0's run,
 # except sync: the controller's rsync of code, data and model before the launch.

@@ -14,10 +14,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mlxcluster import batch_shares, train
 from mlxcluster.bench import calibrate, results
-from mlxcluster.cluster import Recorded
-from training import shares
+from mlxcluster.describe.cluster import Recorded
+from mlxcluster.jobs import train
+from mlxcluster.launch import batch_shares
+from training.data import shares
 
 
 def cluster_run(rec: Recorded, base: train.Request, cut: list[int]) -> dict[str, Any]:

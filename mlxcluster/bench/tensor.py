@@ -14,11 +14,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mlxcluster import doctor, inputs, parallel, train
 from mlxcluster.bench import results
-from mlxcluster.cluster import Recorded
+from mlxcluster.check import doctor
+from mlxcluster.describe.cluster import Recorded
 from mlxcluster.errors import UserError
-from training import report
+from mlxcluster.jobs import train
+from mlxcluster.launch import parallel
+from mlxcluster.provision import inputs
+from training.loop import report
 
 
 def measured(run_dir: Path) -> dict[str, Any]:

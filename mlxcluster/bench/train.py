@@ -19,16 +19,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlxcluster import ansible, inputs, lab, launch, remote, sync, train
 from mlxcluster.bench import overhead, results
-from mlxcluster.cluster import Cluster, Node, recorded
+from mlxcluster.describe.cluster import Cluster, Node, recorded
 from mlxcluster.errors import UserError
+from mlxcluster.jobs import train
+from mlxcluster.lab import hosts
+from mlxcluster.launch import builder, remote, sync
+from mlxcluster.provision import ansible, inputs
 
 
 def _on_node(cluster: Cluster, node: Node, program: list[str], threads: int | None = None) -> str:
     """Run one process on `node` (in its work directory, with env.sh): its stdout."""
-    job = launch.Job(program, backend="direct", threads=threads)
-    return remote.output(node, launch.command(cluster.only(node), job))
+    job = builder.Job(program, backend="direct", threads=threads)
+    return remote.output(node, builder.command(cluster.only(node), job))
 
 
 def lora_layers(model: Path) -> list[str]:
@@ -73,7 +76,7 @@ def machine_ceiling(cluster: Cluster) -> dict[str, float]:
     """What this machine's cores give two independent single-threaded workers: the lab's nodes
     share it, so this bounds the 2-over-1 ratio here (separate Macs share nothing). A short
     snapshot: it varies from run to run as much as the machine's load does."""
-    probe = ["python", "-m", "training.matmul_probe"]
+    probe = ["python", "-m", "training.tools.matmul_probe"]
     alone = json.loads(_on_node(cluster, cluster.head, probe, threads=1))["gflops"]
     with concurrent.futures.ThreadPoolExecutor() as pool:
         together = sum(json.loads(out)["gflops"] for out in pool.map(
@@ -118,7 +121,7 @@ def quality(cluster: Cluster, inventory: str, data: Path, model: Path,
         data, model, threads=1, overrides=[*lora_layers(model), *(["--iters", str(iters)] if iters else [])]),
         inventory)
     print("==> quality: base and fine-tuned answers to 20 held-out prompts", flush=True)
-    ask = ["python", "-m", "training.pirate", "--model", f"{head.models_dir}/{model.name}",
+    ask = ["python", "-m", "training.tools.pirate", "--model", f"{head.models_dir}/{model.name}",
            "--max-tokens", "80"]
     base = json.loads(_on_node(cluster, head, ask))
     ft = json.loads(_on_node(cluster, head, [*ask, "--adapter", f"{head.runs_dir}/{tuned.name}"]))
@@ -183,9 +186,9 @@ def run(*, lab_id: int = 8, parts: Parts = Parts(), data: str | None = None, mod
     result: dict[str, Any] = {"benchmark": "train", "date": results.date(), "model": model_dir.name,
                               "data": str(data_dir), "host_cpus": os.cpu_count()}
     with tempfile.TemporaryDirectory(prefix="mlx-bench-facts-") as facts, \
-            lab.fresh(2, lab_id) as inventory:
+            hosts.fresh(2, lab_id) as inventory:
         print("==> provisioning a 2-node lab cluster", flush=True)
-        ansible.timed_run(ansible.provision(inventory), lab.ansible_env(Path(facts)))
+        ansible.timed_run(ansible.provision(inventory), hosts.ansible_env(Path(facts)))
         result |= measure(recorded(str(inventory)).cluster, str(inventory), data_dir, model_dir, parts)
     out = results.write("train", result, output)
     shown = {k: v for k, v in result.items() if k != "quality"}

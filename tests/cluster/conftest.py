@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mlxcluster import ansible, lab, local
+from mlxcluster import local
+from mlxcluster.lab import hosts
+from mlxcluster.provision import ansible
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -47,14 +49,14 @@ class PlaybookRun:
 
 @dataclass
 class LabCluster:
-    lab: lab.Lab
+    lab: hosts.Lab
     inventory: Path
     facts_dir: Path
     # cluster_model for site.yml's model play (the session's tiny model: CI stays fast)
     model: Path | None = None
 
     def env(self) -> dict[str, str]:
-        return local.tool_env({**lab.ansible_env(self.facts_dir),
+        return local.tool_env({**hosts.ansible_env(self.facts_dir),
                                "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json"})
 
     def playbook(self, *args: str, inventory: Path | None = None,
@@ -93,8 +95,8 @@ def fresh_lab(tmp_path_factory: pytest.TempPathFactory, nodes: int) -> Iterator[
     """A lab cluster of `nodes` fresh hosts with its own fact cache, torn down afterwards."""
     facts = tmp_path_factory.mktemp("facts")
     try:
-        with lab.fresh(nodes, TEST_LAB_ID) as inventory:
-            yield LabCluster(lab.Lab(TEST_LAB_ID), inventory, facts)
+        with hosts.fresh(nodes, TEST_LAB_ID) as inventory:
+            yield LabCluster(hosts.Lab(TEST_LAB_ID), inventory, facts)
     finally:
         shutil.rmtree(facts, ignore_errors=True)
 
@@ -128,9 +130,9 @@ def sub_cluster(cluster: LabCluster, nodes: list[str], folder: Path) -> LabClust
 @pytest.fixture(scope="session")
 def tiny_inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A tiny llama in mlx-lm's layout and the prepared pirate data, made once."""
-    from tests.unit.test_model import tiny_model
-    from training import model as model_tools
-    from training.prepare import prepare
+    from tests.unit.training.model.test_folder import tiny_model
+    from training.data.prepare import prepare
+    from training.model import folder as model_tools
 
     tmp = tmp_path_factory.mktemp("tiny-inputs")
     tiny_model(tmp / "tiny-src")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mlxcluster import lab
+from mlxcluster.lab import hosts
 
 pytestmark = pytest.mark.cluster
 
@@ -31,7 +31,7 @@ def offline_cache() -> None:
     """Lab hosts install from the machine's caches: fill them once (quick when full)."""
     if os.geteuid() != 0:
         pytest.skip("molecule scenarios need root (network namespaces)")
-    lab.prepare_offline_cache()
+    hosts.prepare_offline_cache()
 
 
 def test_every_role_has_a_scenario() -> None:
@@ -62,7 +62,7 @@ def test_molecule_scenario_passes(role: str, offline_cache: None) -> None:
     output = proc.stdout + proc.stderr
     if proc.returncode != 0:
         # molecule destroys after a failed step, but not when it dies itself.
-        lab.down(int(LAB_ID))
+        hosts.down(int(LAB_ID))
     assert proc.returncode == 0, output[-6000:]
     assert "idempotence: Executed: Successful" in output, output[-3000:]
     assert "verify: Executed: Successful" in output, output[-3000:]

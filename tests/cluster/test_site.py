@@ -23,7 +23,7 @@ import pytest
 import testinfra
 import yaml
 
-from mlxcluster import lab
+from mlxcluster.lab import hosts
 
 pytestmark = pytest.mark.cluster
 
@@ -331,7 +331,7 @@ def test_doctor_names_a_broken_key_a_version_mismatch_and_a_down_interface(lab_c
 
 
 def test_unreachable_node_is_named_and_the_others_finish(lab_cluster):
-    lab.stop_node(lab_cluster.lab, 3)
+    hosts.stop_node(lab_cluster.lab, 3)
     run = lab_cluster.playbook()
     assert run.returncode != 0
     assert run.stats["node3"]["unreachable"] >= 1
@@ -342,14 +342,14 @@ def test_unreachable_node_is_named_and_the_others_finish(lab_cluster):
     layout = REPO / "build" / f"lab{lab_cluster.lab.lab_id}" / "cluster.json"
     assert [n["reachable"] for n in json.loads(layout.read_text())["nodes"]] == [True, True, False]
     # Fixed (the node is back) and re-run: the cluster converges again.
-    lab.up(3, lab_cluster.lab.lab_id)
+    hosts.up(3, lab_cluster.lab.lab_id)
     run = lab_cluster.playbook()
     assert run.returncode == 0, json.dumps(run.failures, indent=1)
     assert [n["reachable"] for n in json.loads(layout.read_text())["nodes"]] == [True, True, True]
 
 
 def test_a_fourth_node_added_to_the_inventory_joins_and_nothing_else_changes(lab_cluster):
-    lab.up(4, lab_cluster.lab.lab_id)
+    hosts.up(4, lab_cluster.lab.lab_id)
     run = lab_cluster.playbook()
     assert run.returncode == 0, json.dumps(run.failures, indent=1)
     assert run.stats["node4"]["changed"] > 0

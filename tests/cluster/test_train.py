@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mlxcluster import lab, lab_limits, paths
+from mlxcluster import paths
+from mlxcluster.lab import hosts, limits
 from tests.cluster.conftest import LabCluster, sub_cluster
 
 pytestmark = pytest.mark.cluster
@@ -299,14 +300,14 @@ def test_a_node_dropping_off_the_link_stops_the_run_and_is_named(provisioned, ti
     """A partition, not a crash: node2 keeps running but its cluster link goes down. The ranks
     stop themselves (no progress), the controller stops mpirun, and the node checks name node2."""
     with training_under_way(provisioned, tiny_inputs) as train:
-        lab.set_link(provisioned.lab, 2, up=False)
+        hosts.set_link(provisioned.lab, 2, up=False)
         try:
             cut = time.perf_counter()
             _, stderr = train.communicate(timeout=240)
             stopped = time.perf_counter() - cut
             ranks_left = [finetune_pids(provisioned, n) for n in (1, 2)]
         finally:
-            lab.set_link(provisioned.lab, 2, up=True)
+            hosts.set_link(provisioned.lab, 2, up=True)
     assert train.returncode != 0
     # The watchdog wakes once a second: a loaded machine may notice at 31 s.
     assert re.search(r"no progress for 3[0-2] s \(allowed 30 s\): another rank is gone or the cluster "
@@ -321,7 +322,7 @@ def test_every_part_of_bench_train_runs_and_reports(provisioned, tiny_inputs):
     """invoke bench.train's parts, each briefly, on the provisioned pair (bench.train itself
     provisions a fresh lab first, as the session's lab was)."""
     from mlxcluster.bench import train as bench_train
-    from mlxcluster.cluster import recorded
+    from mlxcluster.describe.cluster import recorded
 
     model_dir, data_dir = tiny_inputs
     parts = bench_train.Parts(iters=5, rounds=1, batch_size=2, blas_iters=2, quality_iters=2,
@@ -362,7 +363,7 @@ def test_a_slowed_node_gets_a_smaller_share_from_its_calibration(provisioned, ti
     for host in inventory["cluster"]["children"]["linux"]["hosts"].values():
         host["batch_share"] = "auto"
     provisioned.inventory.write_text(yaml.safe_dump(inventory))
-    lab_limits.set_limits(provisioned.lab, 2, cpu_percent=30)
+    limits.set_limits(provisioned.lab, 2, cpu_percent=30)
     try:
         recorded = provisioned.playbook("--tags", "hostfile")  # the record takes the new setting
         assert recorded.returncode == 0, json.dumps(recorded.failures, indent=1)
@@ -389,7 +390,7 @@ def test_a_slowed_node_gets_a_smaller_share_from_its_calibration(provisioned, ti
         finally:
             shutil.rmtree(run_dir, ignore_errors=True)
     finally:
-        lab_limits.set_limits(provisioned.lab, 2, off=True)
+        limits.set_limits(provisioned.lab, 2, off=True)
         provisioned.inventory.write_text(original)
         assert provisioned.playbook("--tags", "hostfile").returncode == 0
 
@@ -463,7 +464,7 @@ def test_a_home_folder_given_as_data_model_config_or_run_sends_only_what_the_job
 def test_train_stops_before_launching_when_a_node_is_down(provisioned, tiny_inputs):
     """Last in this file: node2 stays down."""
     model_dir, data_dir = tiny_inputs
-    lab.stop_node(provisioned.lab, 2)
+    hosts.stop_node(provisioned.lab, 2)
     start = time.perf_counter()
     proc = subprocess.run(
         [INVOKE, "train", "-i", str(provisioned.inventory), "--model", str(model_dir),

@@ -2,7 +2,7 @@
 
 The session's lab hosts (test_site.py and test_train.py ran on their bridge before: this module
 comes after them) get veth cables straight between their namespaces, named like a Mac's
-Thunderbolt ports (mlxcluster/lab_cables.py), and the inventory lab.up writes for them. Then
+Thunderbolt ports (mlxcluster/lab/veth.py), and the inventory lab.up writes for them. Then
 site.yml configures every cable, training runs over them with the ring backend, and a pulled
 cable is named by doctor and by the run it stops. `invoke bench.links` measures across every cable.
 """
@@ -17,7 +17,8 @@ import time
 
 import pytest
 
-from mlxcluster import lab, paths
+from mlxcluster import paths
+from mlxcluster.lab import hosts
 from tests.cluster.conftest import TEST_LAB_ID, LabCluster
 from tests.cluster.test_train import INVOKE, REPO, finetune_pids, finished_run, invoke_train
 
@@ -39,8 +40,8 @@ def cabled(lab_cluster: LabCluster):
         bridge = lab_cluster.playbook()
         assert bridge.returncode == 0, json.dumps(bridge.failures, indent=1)
     for extra in (n for n in lab_cluster.lab.nodes() if n > 3):
-        lab.stop_node(lab_cluster.lab, extra)
-    inventory = lab.up(3, TEST_LAB_ID, cables="ring")
+        hosts.stop_node(lab_cluster.lab, extra)
+    inventory = hosts.up(3, TEST_LAB_ID, cables="ring")
     cluster = LabCluster(lab_cluster.lab, inventory, lab_cluster.facts_dir, lab_cluster.model)
     try:
         yield cluster
@@ -152,7 +153,7 @@ def test_bench_links_measures_across_every_cable_and_names_it(cabled, tmp_path):
 
 
 def test_a_pulled_cable_is_named_by_doctor_and_by_the_run_it_stops(cabled, tiny_inputs):
-    lab.set_cable(cabled.lab, "node2:en3", up=False)
+    hosts.set_cable(cabled.lab, "node2:en3", up=False)
     try:
         doctor = subprocess.run([INVOKE, "doctor", "-i", str(cabled.inventory), "--json"], cwd=REPO,
                                 capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
@@ -165,7 +166,7 @@ def test_a_pulled_cable_is_named_by_doctor_and_by_the_run_it_stops(cabled, tiny_
             assert check["fix"].startswith("plug cable node2:en3 <-> node3:en2 in firmly")
         assert ("node1", "interface en2 (cable node1:en2 <-> node2:en2)") not in red
     finally:
-        lab.set_cable(cabled.lab, "node2:en3", up=True)
+        hosts.set_cable(cabled.lab, "node2:en3", up=True)
 
     model_dir, data_dir = tiny_inputs
     train = subprocess.Popen(
@@ -178,12 +179,12 @@ def test_a_pulled_cable_is_named_by_doctor_and_by_the_run_it_stops(cabled, tiny_
         for line in train.stdout:
             if line.split()[:2] == ["iter", "3/5000"]:
                 break
-        lab.set_cable(cabled.lab, "node2:en3", up=False)
+        hosts.set_cable(cabled.lab, "node2:en3", up=False)
         cut = time.perf_counter()
         _, stderr = train.communicate(timeout=240)
         stopped = time.perf_counter() - cut
     finally:
-        lab.set_cable(cabled.lab, "node2:en3", up=True)
+        hosts.set_cable(cabled.lab, "node2:en3", up=True)
         train.kill()
     assert train.returncode != 0
     assert "cable node2:en3 <-> node3:en2" in stderr, stderr[-3000:]

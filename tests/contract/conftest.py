@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from mlxcluster.lab import down
+from mlxcluster.lab.hosts import down
 from tests.contract.stand_in_macs import LAB_ID, StandInMacs, bring_up
 
 

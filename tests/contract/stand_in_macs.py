@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from mlxcluster.lab import Lab, up
+from mlxcluster.lab.hosts import Lab, up
 
 # Lab 3 unless a developer runs a second copy beside CI (MLX_CONTRACT_LAB_ID).
 LAB_ID = int(os.environ.get("MLX_CONTRACT_LAB_ID", "3"))

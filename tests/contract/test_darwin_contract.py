@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mlxcluster.lab import Lab
+from mlxcluster.lab.hosts import Lab
 from tests.contract.stand_in_macs import (
     ADMIN,
     CONTRACT_ROOT,

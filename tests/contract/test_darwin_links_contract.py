@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from mlxcluster import doctor, topology
-from mlxcluster.cluster import Cluster
+from mlxcluster.check import doctor
+from mlxcluster.describe import topology
+from mlxcluster.describe.cluster import Cluster
 from tests.contract.stand_in_macs import (
     HERE,
     LAB_ID,

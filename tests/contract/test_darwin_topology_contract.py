@@ -15,7 +15,8 @@ import sys
 import pytest
 import yaml
 
-from mlxcluster import lab_cables, topology
+from mlxcluster.describe import topology
+from mlxcluster.lab import veth
 from tests.contract.stand_in_macs import ADMIN, NODES, REPO, StandInMacs
 
 pytestmark = pytest.mark.cluster
@@ -37,7 +38,7 @@ def test_invoke_topology_prints_the_cables_the_macs_see_and_draws_them(stand_in_
     assert done.returncode == 0, done.stdout + done.stderr
     assert "3 cables between 3 Macs; paste under `cluster: vars:`" in done.stdout
     pasted = yaml.safe_load(done.stdout.split("vars:` in")[1].split("\n", 1)[1].split("drawn in")[0])
-    cabled = lab_cables.inventory_links(lab_cables.cabling(list(range(1, NODES + 1)), "ring"))
+    cabled = veth.inventory_links(veth.cabling(list(range(1, NODES + 1)), "ring"))
     assert {frozenset(cable) for cable in pasted["thunderbolt_links"]} == {frozenset(c) for c in cabled}
     assert pasted["thunderbolt_topology"] == "links"
     found, errors = topology.cables(pasted["thunderbolt_links"], pasted["thunderbolt_link_pool"], HOSTS)

@@ -14,9 +14,9 @@ import pytest
 def uneven_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny llama, uneven chat data, and one single-process run over them (global batch 4), the
     baseline that runs on several ranks must match (test_shares_training, test_tensor_parallel)."""
-    from tests.unit.test_finetune import training_args
-    from tests.unit.test_model import tiny_model
-    from tests.unit.test_shares_training import uneven
+    from tests.unit.training.model.test_folder import tiny_model
+    from tests.unit.training.test_finetune import training_args
+    from tests.unit.training.test_shares_training import uneven
     from training import finetune as ft
 
     root = tmp_path_factory.mktemp("shares")

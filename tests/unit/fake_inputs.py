@@ -1,6 +1,6 @@
 """Data, model and config folders that a run's plan accepts, made on the fly.
 
-A plan checks every folder it would send (mlxcluster/shipment.py), so tests that plan with
+A plan checks every folder it would send (mlxcluster/launch/shipment.py), so tests that plan with
 names like /d/pirate get such folders under a scratch root of this process, removed at exit:
 `dataset("/d/pirate")` is <root>/d/pirate with train.jsonl and valid.jsonl.
 """
@@ -13,7 +13,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from training.manifest import write_manifest
+from training.model.manifest import write_manifest
 
 ROOT = Path(tempfile.gettempdir()) / f"mlx-test-inputs-{os.getpid()}"
 atexit.register(shutil.rmtree, ROOT, True)

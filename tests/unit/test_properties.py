@@ -17,18 +17,18 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from mlxcluster import train as training
-from mlxcluster.cluster import Cluster
-from mlxcluster.inventory import (
+from mlxcluster.describe.cluster import Cluster
+from mlxcluster.describe.inventory import (
     MAX_SLOTS,
     cluster_root_error,
     connection_errors,
     inventory_errors,
     training_hosts,
 )
+from mlxcluster.jobs import train as training
 from tests.unit import fake_inputs
-from tests.unit.test_train_plan import lab_layout
-from training import prepare as tp
+from tests.unit.mlxcluster.jobs.test_train import lab_layout
+from training.data import prepare as tp
 
 MAX_EXAMPLES = {"inventory": 2000, "prepare": 600, "rsync": 300}
 

@@ -2,7 +2,7 @@
 
 The original MLX LoRA tutorial taught a model to talk like a pirate; this data set does the same
 over many topics, so a fine-tuned model's change of style is easy to see and to score
-(training.pirate.pirate_score). Deterministic: run `python -m training.data.make_pirate` from the
+(training.tools.pirate.pirate_score). Deterministic: run `python -m training.data.make_pirate` from the
 repository root to rewrite the file; a unit test checks that the committed file is up to date.
 """
 
@@ -12,7 +12,7 @@ import json
 import random
 from pathlib import Path
 
-from training.pirate import HELD_OUT_PROMPTS, pirate_score
+from training.tools.pirate import HELD_OUT_PROMPTS, pirate_score
 
 SEED = 1720
 OUTPUT = Path(__file__).with_name("pirate.jsonl")

@@ -1,7 +1,7 @@
 #!/usr/bin/python
 """Ansible module: how a node's copy of the model compares with its manifest. Changes nothing.
 
-The checks are training/manifest.py's (module_utils/model_manifest.py links to it), the same ones
+The checks are training/model/manifest.py's (module_utils/model_manifest.py links to it), the same ones
 `python -m training.model verify` runs before training.
 """
 

@@ -1,1 +1,1 @@
-../../../training/manifest.py
+../../../training/model/manifest.py

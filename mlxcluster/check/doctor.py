@@ -1,0 +1,446 @@
+"""`invoke doctor`: is the cluster fit to train, and if not, what to do about it.
+
+Gathering is separate from judging: `gather` runs mlxcluster/check/probe.py on every node at once (one
+ssh round trip each) and two tiny MPI jobs on the launcher; `evaluate` turns what came back into
+checks, each green or red with the fix for red, and is a plain function the unit tests drive.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlxcluster.describe.backends import RDMA_HOWTO
+from mlxcluster.describe.cluster import Cluster, Node, Recorded, hostfile_entries
+from mlxcluster.errors import UserError
+from mlxcluster.launch import builder, remote
+from mlxcluster.provision import inputs
+
+PROBE = Path(__file__).with_name("probe.py")
+REPROVISION = "run invoke provision -i <inventory>"
+# A LoRA run holds the model once in memory (plus activations); on disk the nodes keep one copy.
+MEMORY_FACTOR = 1.5
+DISK_FACTOR = 2.0
+ALL_SUM = ("import mlx.core as mx; g = mx.distributed.init(strict=True); "
+           "print(int(mx.distributed.all_sum(mx.array(1), group=g).item()))")
+
+
+@dataclass(frozen=True)
+class Check:
+    scope: str  # a node, "node1 -> node2", or "cluster"
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+# --- gathering -------------------------------------------------------------------------------------
+
+
+def probe_command(cluster: Cluster, node: Node) -> list[str]:
+    """ssh (or local bash) that runs probe.py on `node`, fed on stdin, with the node's env.sh."""
+    args = {"cluster_root": node.cluster_root or "", "venv": node.venv or "",
+            "interfaces": [p.interface or "" for p in cluster.ports_of(node)],
+            "peers": [cluster.address_towards(node, n) for n in cluster.nodes if n.name != node.name],
+            # A Mac in links mode: its bridge's service name, to check that it is off.
+            "macos_links": (node.bridge_service or "Thunderbolt Bridge")
+            if node.os_family == "Darwin" and cluster.cables else None}
+    env = shlex.quote(node.env_file or "/nonexistent")
+    line = f"if [ -f {env} ]; then . {env}; fi; python3 - {shlex.quote(json.dumps(args))}"
+    return remote.ssh_command(node, line, connect_timeout=5)
+
+
+def probe_node(cluster: Cluster, node: Node, timeout: float = 60) -> dict[str, Any]:
+    cmd = probe_command(cluster, node)
+    try:
+        proc = subprocess.run(cmd, input=PROBE.read_text(), capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"unreachable": f"no answer within {timeout:.0f} s"}
+    if proc.returncode == 255 and not remote.is_local(node):
+        return {"unreachable": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "ssh failed"}
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"unreachable": f"the probe failed ({proc.returncode}): {proc.stderr.strip()[-300:]}"}
+
+
+def mpi_job(cluster: Cluster, program: Sequence[str], timeout: float = 60,
+            backend: str = "mpi") -> tuple[int, str]:
+    """Run `program` on every slot from the launcher (mpirun, or mlx.launch with ring), as every
+    launch does. In the cluster root: the work directory appears only with the first run."""
+    job = builder.Job(program, backend=backend, workdir=cluster.head.cluster_root)
+    try:
+        proc = subprocess.run(builder.command(cluster, job), capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return 124, f"no answer within {timeout:.0f} s"
+    return proc.returncode, (proc.stdout + proc.stderr).strip()
+
+
+def gather(cluster: Cluster) -> dict[str, Any]:
+    """Every node's probe, all at once."""
+    with ThreadPoolExecutor(max_workers=len(cluster.nodes)) as pool:
+        facts = dict(zip((n.name for n in cluster.nodes),
+                         pool.map(lambda n: probe_node(cluster, n), cluster.nodes), strict=True))
+    return {"nodes": facts, "jobs": {}}
+
+
+def run_jobs(cluster: Cluster) -> dict[str, tuple[int, str]]:
+    """The cluster-wide jobs: hostname on every slot and an MLX all_sum over every rank, with
+    mpirun; in links mode the all_sum alone, with the backend training uses there (ring or JACCL)."""
+    if cluster.cables:
+        return {"all_sum": mpi_job(cluster, ["python", "-c", ALL_SUM],
+                                   backend=builder.backend_for(cluster, None))}
+    jobs = {"hostname": mpi_job(cluster, ["hostname"])}
+    if cluster.world_size > 1:
+        jobs["all_sum"] = mpi_job(cluster, ["python", "-c", ALL_SUM])
+    return jobs
+
+
+def diagnose(cluster: Cluster, rendered_hostfile: str, model_bytes: int | None, *,
+             mpi_jobs: bool = True) -> list[Check]:
+    """Probe, judge, and only on a cluster that is green so far, launch the MPI jobs: on a red
+    one they could only fail, slowly (a down link makes mpirun wait for its timeouts)."""
+    gathered = gather(cluster)
+    checks = evaluate(cluster, rendered_hostfile, gathered, model_bytes)
+    if not mpi_jobs or cluster.world_size == 0:
+        return checks
+    red = sum(not c.ok for c in checks)
+    if red:
+        jobs = "MLX all_sum" if cluster.cables else "MPI jobs (mpirun hostname, MLX all_sum)"
+        return [*checks, Check("cluster", jobs, False,
+                               f"not run: {red} check(s) above failed", "fix those first")]
+    gathered["jobs"] = run_jobs(cluster)
+    return evaluate(cluster, rendered_hostfile, gathered, model_bytes)
+
+
+# --- judging ---------------------------------------------------------------------------------------
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def _agreement(name: str, values: Mapping[str, str | None], fix: str) -> list[Check]:
+    """One check per node: its value, red when it is missing or differs from the majority's."""
+    present = Counter(v for v in values.values() if v)
+    majority = present.most_common(1)[0][0] if present else None
+    checks = []
+    for node, value in values.items():
+        if not value:
+            checks.append(Check(node, name, False, "missing", fix))
+        elif value != majority:
+            others = ", ".join(f"{n} {v}" for n, v in values.items() if v and v != value)
+            checks.append(Check(node, name, False, f"{value}, but {others}",
+                                f"nodes must agree: {fix}"))
+        else:
+            checks.append(Check(node, name, True, value))
+    return checks
+
+
+Facts = Mapping[str, Mapping[str, Any]]  # node name -> what its probe found
+
+
+def _management(cluster: Cluster, facts: Facts) -> list[Check]:
+    checks = []
+    for node in cluster.nodes:
+        f = facts.get(node.name, {"unreachable": "not probed"})
+        conn = node.connection or {}
+        how = "local" if remote.is_local(node) else f"ssh {conn.get('user') or ''}@{conn.get('host')}"
+        if "unreachable" in f:
+            checks.append(Check(node.name, "management ssh", False, f"{how}: {f['unreachable']}",
+                                "power the node on, check ansible_host/ansible_user in the inventory "
+                                "and that `ssh` to it works without a prompt"))
+        else:
+            checks.append(Check(node.name, "management ssh", True, how))
+    return checks
+
+
+def _pairs(cluster: Cluster, nodes: Sequence[Node], facts: Facts) -> list[Check]:
+    checks = []
+    for node in nodes:
+        for peer in cluster.nodes:
+            if peer.name == node.name:
+                continue
+            address = cluster.address_towards(node, peer)
+            result = facts[node.name]["ssh"].get(address, {"ok": False, "error": ["not tried"]})
+            error = " ".join(result["error"] or [])
+            if result["ok"]:
+                fix = ""
+            elif any(s in error for s in ("Permission denied", "Host key", "HOST IDENTIFICATION")):
+                fix = f"{REPROVISION} (the ssh_mesh role installs every node's key and pins host keys)"
+            else:
+                fix = "check the cable and both nodes' interface checks, and that sshd runs on the peer"
+            checks.append(Check(
+                f"{node.name} -> {peer.name}", "ssh over the cluster link", result["ok"],
+                address if result["ok"] else f"{address}: {error}", fix))
+    return checks
+
+
+def _software(cluster: Cluster, nodes: Sequence[Node], facts: Facts) -> list[Check]:
+    venvs = {n.name: facts[n.name]["venv"] for n in nodes}
+    checks = _agreement("Open MPI", {n.name: facts[n.name]["openmpi"] for n in nodes},
+                        f"{REPROVISION} (the openmpi role installs it)")
+    for key, label in (("python", "Python"), ("mlx", "mlx"), ("mlx_lm", "mlx-lm")):
+        checks += _agreement(label, {n: v.get(key) for n, v in venvs.items()},
+                             f"{REPROVISION} (the python_env role pins it)")
+    head_venv = cluster.head.venv
+    for node in nodes:
+        error = "none recorded: not provisioned yet" if not node.venv else venvs[node.name].get("error")
+        if error or node.venv != head_venv:
+            detail = error or f"{node.venv}, but the launcher's is {head_venv}"
+            checks.append(Check(node.name, "venv", False, detail,
+                                f"{REPROVISION}; every node needs the venv at the same path"))
+        elif not venvs[node.name].get("distributed"):
+            checks.append(Check(node.name, "venv", False, "mlx cannot load MPI",
+                                f"{REPROVISION} (libmpi missing from the node)"))
+        else:
+            checks.append(Check(node.name, "venv", True, str(node.venv)))
+    return checks
+
+
+def _hostfiles(nodes: Sequence[Node], facts: Facts, rendered_hostfile: str) -> list[Check]:
+    expected = hostfile_entries(rendered_hostfile)
+    checks = []
+    for node in nodes:
+        text = facts[node.name]["hostfile"]
+        ok = text is not None and hostfile_entries(text) == expected
+        detail = "as rendered" if ok else ("missing" if text is None else
+                                           "differs from build/<inventory>/hostfile")
+        checks.append(Check(node.name, "hostfile", ok, detail,
+                            "" if ok else f"{REPROVISION} (it renders and copies the hostfile)"))
+    return checks
+
+
+def _interfaces(cluster: Cluster, nodes: Sequence[Node], facts: Facts) -> list[Check]:
+    """Each of a node's ports on the cluster link: up, with its address and the MTU. In links
+    mode a port that is down names its cable."""
+    checks = []
+    for node in nodes:
+        for port in cluster.ports_of(node):
+            iface = facts[node.name]["interfaces"].get(port.interface or "", {"error": "not probed"})
+            want = f"{port.address}/{port.prefix}"
+            if "error" in iface:
+                checks.append(Check(node.name, port.label, False, iface["error"],
+                                    "connect the cable, or fix the port in the inventory "
+                                    "(thunderbolt_interface or thunderbolt_links)"))
+                continue
+            problems = []
+            if not iface["up"]:
+                problems.append("down" + (f": cable {port.cable} unplugged or its far end down"
+                                          if port.cable else ""))
+            if want not in iface["addresses"]:
+                problems.append(f"has {', '.join(iface['addresses']) or 'no address'}, not {want}")
+            # Loopback (the single-machine inventory) is left as it is by the thunderbolt role.
+            if node.thunderbolt_mtu and not iface.get("loopback") and iface["mtu"] != node.thunderbolt_mtu:
+                problems.append(f"MTU {iface['mtu']}, not {node.thunderbolt_mtu}")
+            fix = (f"plug cable {port.cable} in firmly (both ends), then {REPROVISION}" if port.cable
+                   and not iface["up"] else f"{REPROVISION} (the thunderbolt role sets address and MTU)")
+            checks.append(Check(node.name, port.label, not problems,
+                                "; ".join(problems) or f"up, {want}, MTU {iface['mtu']}",
+                                fix if problems else ""))
+    return checks
+
+
+def _macs(cluster: Cluster, nodes: Sequence[Node], facts: Facts) -> list[Check]:
+    """Macs in links mode: one macOS version on all, the Thunderbolt Bridge service off, and
+    RDMA on every cabled port when the backend is JACCL."""
+    macs = [n for n in nodes if "macos" in facts[n.name]]
+    if not macs:
+        return []
+    checks = _agreement("macOS", {n.name: facts[n.name]["macos"]["version"] for n in macs},
+                        "update every Mac to the same macOS (Software Update): MLX's distributed "
+                        "backends and RDMA need the same on all")
+    try:
+        backend = cluster.backend_choice().backend
+    except ValueError:
+        backend = "ring"
+    for node in macs:
+        mac = facts[node.name]["macos"]
+        off = mac["bridge_service"] == "Disabled"
+        checks.append(Check(node.name, "Thunderbolt Bridge service", off,
+                            "off" if off else f"{node.bridge_service or 'Thunderbolt Bridge'}: "
+                            f"{mac['bridge_service']}: its ports are bridged "
+                            "(a loop on a ring)", "" if off else
+                            f"{REPROVISION} (the thunderbolt role turns it off in links mode)"))
+        missing = [f"rdma_{p.interface}" for p in cluster.ports_of(node)
+                   if f"rdma_{p.interface}" not in mac["rdma_devices"]]
+        if not backend.startswith("jaccl"):
+            checks.append(Check(node.name, "RDMA", True, f"not used by the {backend} backend "
+                                f"(rdma_ctl status: {mac['rdma']})"))
+            continue
+        ok = mac["rdma"] == "enabled" and not missing
+        detail = (f"enabled: {', '.join(mac['rdma_devices'])}" if ok else
+                  f"rdma_ctl status: {mac['rdma']}" + (f"; no {', '.join(missing)} in ibv_devices"
+                                                       if missing else ""))
+        checks.append(Check(node.name, "RDMA", ok, detail, "" if ok else
+                            f"{RDMA_HOWTO}; or train with --backend ring"))
+    return checks
+
+
+def _room(nodes: Sequence[Node], facts: Facts, model_bytes: int | None) -> list[Check]:
+    """Free memory and disk against the model's size."""
+    checks: list[Check] = []
+    if not model_bytes:
+        return checks
+    need_mem, need_disk = model_bytes * MEMORY_FACTOR, model_bytes * DISK_FACTOR
+    for node in nodes:
+        memory, disk = facts[node.name]["memory"], facts[node.name]["disk_free"]
+        if memory.get("available") is not None:
+            ok = memory["available"] >= need_mem
+            checks.append(Check(node.name, "free memory", ok,
+                                f"{_gib(memory['available'])} free, the model needs ~{_gib(need_mem)}",
+                                "" if ok else "close other programs, or train a smaller or quantized model"))
+        if disk is not None:
+            ok = disk >= need_disk
+            checks.append(Check(node.name, "free disk", ok,
+                                f"{_gib(disk)} free under cluster_root, need ~{_gib(need_disk)}",
+                                "" if ok else "free disk space under cluster_root (old runs/)"))
+    return checks
+
+
+def _jobs(cluster: Cluster, facts: Facts, jobs: Mapping[str, tuple[int, str]]) -> list[Check]:
+    checks = []
+    if "hostname" in jobs:
+        code, out = jobs["hostname"]
+        want_names = Counter({facts[n.name]["hostname"]: n.slots for n in cluster.training_nodes})
+        got = Counter(line.strip() for line in out.splitlines() if line.strip() in want_names)
+        ok = code == 0 and got == want_names
+        checks.append(Check("cluster", f"mpirun -np {cluster.world_size} hostname", ok,
+                            ", ".join(sorted(got.elements())) if ok else f"exit {code}: {out[-300:]}",
+                            "" if ok else "fix the red checks above first; then see the output"))
+    if "all_sum" in jobs:
+        code, out = jobs["all_sum"]
+        lines = out.splitlines()
+        ok = code == 0 and lines.count(str(cluster.world_size)) == cluster.world_size
+        checks.append(Check("cluster", "MLX all_sum over every rank", ok,
+                            f"{cluster.world_size} ranks each got {cluster.world_size}" if ok
+                            else f"exit {code}: {out[-300:]}",
+                            "" if ok else "MLX could not join the ranks: fix the red checks above, "
+                            "and check that libmpi loads in the venv"))
+    return checks
+
+
+def evaluate(cluster: Cluster, rendered_hostfile: str, gathered: Mapping[str, Any],
+             model_bytes: int | None = None) -> list[Check]:
+    """Every check, green or red, from what `gather` (and the MPI jobs) found."""
+    checks = _management(cluster, gathered["nodes"])
+    reachable = {c.scope for c in checks if c.ok}
+    facts = {name: f for name, f in gathered["nodes"].items() if name in reachable}
+    nodes = [n for n in cluster.nodes if n.name in reachable]
+    return [*checks, *_pairs(cluster, nodes, facts), *_software(cluster, nodes, facts),
+            *_hostfiles(nodes, facts, rendered_hostfile), *_interfaces(cluster, nodes, facts),
+            *_macs(cluster, nodes, facts),
+            *_room(nodes, facts, model_bytes), *_jobs(cluster, facts, gathered.get("jobs", {}))]
+
+
+def render(checks: Sequence[Check], console: Any) -> None:
+    """One table per node, one for the node pairs, one for the cluster-wide jobs."""
+    from rich.table import Table
+
+    groups: dict[str, list[Check]] = {}
+    for check in checks:
+        key = "pairs" if "->" in check.scope else check.scope
+        groups.setdefault(key, []).append(check)
+    for key, items in groups.items():
+        table = Table(title=key if key != "pairs" else "node pairs (cluster link)", title_justify="left")
+        if key == "pairs":
+            table.add_column("from -> to")
+        for column in ("check", "", "detail", "fix"):
+            table.add_column(column)
+        for check in items:
+            mark = "[green]ok[/]" if check.ok else "[bold red]FAIL[/]"
+            row = [check.name, mark, check.detail, check.fix]
+            table.add_row(*([check.scope] if key == "pairs" else []), *row)
+        console.print(table)
+
+
+# --- before a launch --------------------------------------------------------------------------------
+
+
+class NotFit(UserError):
+    """Red checks: the cluster is not fit to train; they were shown with their fixes."""
+
+
+def red_node_checks(cluster: Cluster, model_bytes: int | None) -> list[Check]:
+    """The per-node checks (not the MPI jobs) that fail."""
+    rendered = "\n".join(cluster.hostfile_lines())
+    return [c for c in diagnose(cluster, rendered, model_bytes, mpi_jobs=False) if not c.ok]
+
+
+# The kernel's count of processes its out-of-memory killer ended (Linux; none on macOS, whose
+# jetsam kills with SIGKILL, which a failed launch's exit status shows).
+OOM_KILLS = "awk '/^oom_kill /{print $2}' /proc/vmstat 2>/dev/null"
+
+
+def oom_kills(cluster: Cluster, timeout: float = 20) -> dict[str, int | None]:
+    """Each training node's count of out-of-memory kills (None: unknown), read at once: read
+    before and after a run, a rise names the nodes that ran out of memory."""
+
+    def count(node: Node) -> int | None:
+        try:
+            proc = subprocess.run(remote.ssh_command(node, OOM_KILLS, connect_timeout=5), capture_output=True,
+                                  text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return None
+        return int(proc.stdout) if proc.returncode == 0 and proc.stdout.strip().isdigit() else None
+
+    nodes = cluster.training_nodes
+    with ThreadPoolExecutor(max_workers=max(len(nodes), 1)) as pool:
+        return dict(zip((n.name for n in nodes), pool.map(count, nodes), strict=True))
+
+
+def ran_out_of_memory(before: Mapping[str, int | None], after: Mapping[str, int | None]) -> list[str]:
+    """The nodes whose out-of-memory kills rose between the two readings."""
+    return [name for name, was in before.items()
+            if was is not None and (after.get(name) or 0) > was]
+
+
+def preflight(cluster: Cluster, model_bytes: int | None) -> None:
+    """invoke doctor's per-node checks (not its MPI jobs: the launch is one): stop on any red."""
+    from rich.console import Console
+
+    print("==> checking the nodes (invoke doctor has the full set)", flush=True)
+    if failed := red_node_checks(cluster, model_bytes):
+        render(failed, Console(stderr=True))
+        raise NotFit(f"not launching: {len(failed)} check(s) failed on the nodes (see the fix column)")
+
+
+def report(checks: Sequence[Check], cluster: Cluster, seconds: float, *, as_json: bool) -> None:
+    """invoke doctor's output: the tables (or JSON) and a summary line; NotFit if any is red."""
+    from rich.console import Console
+
+    console = Console()
+    if as_json:
+        print(json.dumps([dataclasses.asdict(c) for c in checks], indent=2))
+    else:
+        render(checks, console)
+    failed = [c for c in checks if not c.ok]
+    summary = (f"{len(checks) - len(failed)} of {len(checks)} checks passed on "
+               f"{len(cluster.nodes)} nodes in {seconds:.1f} s")
+    if failed:
+        raise NotFit(f"{summary}: {len(failed)} failed (see the fix column)")
+    if as_json:
+        print(summary, file=sys.stderr)
+    else:
+        console.print(f"[green]{summary}[/]")
+
+
+def run(rec: Recorded, model: str | None, as_json: bool = False) -> None:
+    """invoke doctor: every check of the recorded cluster, reported; the
+    memory and disk checks against `model` (default: the provisioned or embedded model)."""
+    start = time.perf_counter()
+    model_dir = Path(model) if model else inputs.checked_model(rec.cluster)
+    checks = diagnose(rec.cluster, rec.rendered_hostfile, inputs.model_bytes(model_dir))
+    report(checks, rec.cluster, time.perf_counter() - start, as_json=as_json)

@@ -1,0 +1,352 @@
+"""`invoke train`: a plan of the run (pure data, printed by --dry-run), then running it.
+
+The plan is the sync steps that put code, data, config and model on every node, the launch
+command (mlxcluster/launch/builder.py's one builder) and the rsync that brings the results back. Running
+it syncs, launches with the output relayed (mlxcluster/launch/relay.py), records the run in runs/<id>/
+(mlxcluster/launch/runs.py) and says what went wrong if it failed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlxcluster import local
+from mlxcluster.check import doctor
+from mlxcluster.describe.cluster import Cluster, Recorded, recorded
+from mlxcluster.errors import Interrupted, UserError
+from mlxcluster.jobs import flags
+from mlxcluster.launch import batch_shares, builder, parallel, relay, runs, shipment, sync
+from mlxcluster.launch import settings as run_settings
+from mlxcluster.paths import REPO, RUNS
+from mlxcluster.provision import inputs, preview
+from training.config import FinetuneConfig
+from training.model.manifest import manifest_sha256
+
+
+class TrainFailed(UserError):
+    """The run failed; the message says which rank on which node, and how to go on."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """What to train, and how to launch it."""
+
+    data: Path
+    model: Path
+    config: Path | None = None  # a YAML settings file; for a resumed run, the run's own config.yaml
+    overrides: Sequence[str] = ()  # more training flags, after the config's
+    backend: str | None = None  # auto (None: what the cluster's recorded choice says), or a backend
+    interface: str | None = None
+    btl_tcp_links: int | None = None
+    threads: int | None = None
+    installed: str | None = None  # the model's path on every node, when provisioning put it there
+    mlx_envs: Sequence[str] = ()  # hostfile_mlx_envs, for a hosts file written at launch (JACCL's)
+    # The latest calibration of this model and sequence length (batch_share: auto), if any.
+    calibration: Mapping[str, Any] | None = None
+    parallel: str = "data"  # or tensor, as the config and flags say (mlxcluster/launch/parallel.py)
+    # Defaults a dry run has not made yet ("data", "model"): their files are shown, not checked.
+    pending: frozenset[str] = frozenset()
+    interactive: bool = field(default_factory=lambda: sys.stdin.isatty() and sys.stdout.isatty())
+
+
+@dataclass(frozen=True)
+class Plan:
+    cluster: Cluster
+    request: Request
+    run_id: str
+    resume: bool
+    backend: str  # as launched: mpi, ring, or direct (one rank)
+    steps: list[sync.Step]
+    launch: list[str]
+    pull: list[str]
+    backend_why: str = ""  # why this backend (mlxcluster/describe/backends.py)
+    shares: batch_shares.Shares | None = None  # None: equal shares, as training does by itself
+
+    @property
+    def results(self) -> Path:
+        return RUNS / self.run_id
+
+    @property
+    def marker(self) -> str:
+        """What names this run's processes on the launcher (for stopping them)."""
+        return f"runs/{self.run_id}"
+
+
+def finetune_argv(*, model: str, data: str, adapter_path: str, config: str | None = None,
+                  resume: bool = False, world_size: int | None = None,
+                  overrides: Sequence[str] = ()) -> list[str]:
+    """The training entry point's command line, as every rank runs it."""
+    argv = ["python", "-m", "training.finetune"]
+    if config:
+        argv += ["--config", config]
+    if resume:
+        argv.append("--resume")
+    argv += ["--model", model, "--data", data, "--adapter-path", adapter_path]
+    if world_size is not None:
+        argv += ["--expected-world-size", str(world_size)]
+    return [*argv, *overrides]
+
+
+def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = False) -> Plan:
+    """The run, as commands: nothing is run. resume: continue run_id from its latest checkpoint
+    (request.config is then the run's own config.yaml)."""
+    data, model = shipments(request)
+    steps, placed = sync.training_inputs(cluster, data, model, request.config, installed=request.installed)
+    run_dir = f"{cluster.head.runs_dir}/{run_id}"
+    if resume and (restore := sync.push_checkpoints(RUNS / run_id, cluster.head, run_dir)):
+        steps.append(restore)
+    parallel.check(cluster, request.model, request.parallel)
+    overrides = run_settings.user_flags(request.overrides)
+    shared = batch_shares.for_run(cluster, request.config, overrides, request.calibration)
+    # The shares go before the user's flags: a --batch-shares of theirs wins.
+    overrides = [*(shared.args if shared else []), *overrides]
+    # The ranks' own rules, here: settings they would refuse stop the run before anything is sent.
+    run_settings.check(request.config, overrides, cluster.world_size)
+    program = finetune_argv(model=placed.model, data=placed.data, adapter_path=run_dir,
+                            config=placed.config, resume=resume, world_size=cluster.world_size,
+                            overrides=overrides)
+    choice = builder.choice_for(cluster, request.backend)
+    backend = choice.backend
+    job = builder.Job(program, backend=backend, interface=request.interface,
+                     btl_tcp_links=request.btl_tcp_links, threads=request.threads,
+                     interactive=request.interactive, mlx_envs=request.mlx_envs)
+    return Plan(cluster, request, run_id, resume, backend, steps, builder.command(cluster, job),
+                sync.pull(cluster.head, run_dir, RUNS / run_id), backend_why=choice.why, shares=shared)
+
+
+def shipments(request: Request) -> tuple[shipment.Shipment, shipment.Shipment]:
+    """The files of the data and of the model that go to the nodes, each checked (a default that a
+    dry run has not made yet: the files it will have). An installed model goes nowhere."""
+    # Names first: a folder whose name cannot be one on the nodes is refused as such.
+    sync.plain_name(request.data, "data")
+    if not request.installed:
+        sync.plain_name(request.model, "model")
+    if "data" in request.pending:
+        data = shipment.Shipment(request.data.resolve(), inputs.DEMO_SPLITS)
+    else:
+        data = shipment.dataset(request.data)
+    if request.installed:
+        model = shipment.Shipment(request.model.resolve(), ())
+    elif "model" in request.pending:
+        model = shipment.Shipment(request.model.resolve(), (MODEL_FILES,))
+    else:
+        model = shipment.model(request.model)
+    return data, model
+
+
+# How a dry run shows the files of a model it has not fetched yet.
+MODEL_FILES = "@MODEL_FILES@"
+
+
+def pending_notes(request: Request) -> list[str]:
+    """What a dry run says of the defaults it did not make."""
+    notes = []
+    if "data" in request.pending:
+        notes.append(f"the data: the bundled pirate demo, prepared into {request.data} on first use")
+    if "model" in request.pending:
+        notes.append(f"{MODEL_FILES}: the files the manifest of {request.model} lists, once a run has "
+                     "fetched it (SmolLM2-135M)")
+    return notes
+
+
+def show(plan: Plan, notes: Sequence[str] = ()) -> None:
+    """--dry-run: what the plan rests on (`notes`), then every command, in order."""
+    for note in notes:
+        print(f"# {note}")
+    if plan.backend_why:
+        print(f"# backend {plan.backend}: {plan.backend_why}")
+    if plan.shares:
+        print(f"# {shares_line(plan.shares)}")
+    if tensor := parallel.line(plan.cluster, plan.request.parallel):
+        print(f"# {tensor}")
+    sync.run_steps(plan.steps, dry_run=True)
+    print(f"# launch on {plan.cluster.head.name}\n{shlex.join(plan.launch)}")
+    print(f"# bring the results back\n{shlex.join(plan.pull)}")
+
+
+def collect(plan: Plan, timeout: float | None = None) -> None:
+    """Bring what the run wrote back to runs/<id> (rank 0's files, from the launcher)."""
+    subprocess.run(plan.pull, cwd=REPO, capture_output=True, timeout=timeout,
+                   stdin=subprocess.DEVNULL)
+
+
+def _why(plan: Plan, output: str, code: int | None, oom_before: Mapping[str, int | None]) -> str:
+    out_of_memory = doctor.ran_out_of_memory(oom_before, doctor.oom_kills(plan.cluster))
+    why = builder.describe_failure(plan.cluster, output, code, plan.request.parallel, out_of_memory)
+    if relay.STALL_MESSAGE.decode() in output:
+        # A stall has a cause elsewhere (a node or link gone): the node checks name it.
+        red = doctor.red_node_checks(plan.cluster, None)
+        why += "; the nodes now: " + ("; ".join(f"{c.scope}: {c.name}: {c.detail}" for c in red)
+                                      if red else "all checks green")
+    return why
+
+
+def shares_line(shared: batch_shares.Shares) -> str:
+    line = f"batch shares {','.join(map(str, shared.shares))} ({shared.why})"
+    if any(shared.limits):
+        line += f"; at most {','.join(map(str, shared.limits))} examples at once (max_micro_batch)"
+    return line
+
+
+def execute(plan: Plan, inventory: str) -> Path:
+    """Sync, launch on every slot, bring the results back: runs/<id>. Raises TrainFailed when
+    training fails (what arrived is still kept in runs/<id>), Interrupted on Ctrl-C."""
+    synced = time.perf_counter()
+    sync.run_steps(plan.steps)
+    ranks = f"{plan.cluster.world_size} rank{'s' if plan.cluster.world_size > 1 else ''}"
+    how = "one process, no launcher" if plan.backend == "direct" else plan.backend
+    if plan.backend != "direct" and plan.backend_why:
+        print(f"==> backend {plan.backend}: {plan.backend_why}", flush=True)
+    if plan.shares:
+        print(f"==> {shares_line(plan.shares)}", flush=True)
+    if tensor := parallel.line(plan.cluster, plan.request.parallel):
+        print(f"==> {tensor}", flush=True)
+    print(f"==> {'resuming run ' + plan.run_id if plan.resume else 'training'} on {ranks} ({how}); "
+          "rank 0 reports:", flush=True)
+    info = {"inventory": inventory, "model": str(plan.request.model.resolve()),
+            # The model's identity, so that a resume with another --model is refused.
+            "model_sha256": manifest_sha256(plan.request.model.resolve()),
+            "data": str(plan.request.data.resolve()), "world_size": plan.cluster.world_size,
+            # As launched (a resume launches the same way); one rank alone runs directly.
+            "backend": "mpi" if plan.backend == "direct" else plan.backend,
+            "backend_why": plan.backend_why,
+            "batch_shares": plan.shares.shares if plan.shares else None,
+            "batch_shares_why": plan.shares.why if plan.shares else None,
+            "parallel": plan.request.parallel,
+            "status": "running", "exit_code": None,
+            "wall_time_s": None, "sync_s": round(time.perf_counter() - synced, 1),
+            "launch": shlex.join(plan.launch)}
+    if plan.resume:
+        attempts = runs.read_info(plan.results).get("attempts", 1)
+        info["attempts"] = (attempts if isinstance(attempts, int) else 1) + 1
+    runs.write_info(plan.results, info)
+    oom_before = doctor.oom_kills(plan.cluster)
+    start = time.perf_counter()
+    try:
+        relayed = relay.supervise(plan.cluster, plan.launch, plan.marker)
+    except KeyboardInterrupt:
+        try:
+            collect(plan, timeout=30)  # what arrived, if it comes quickly
+        except subprocess.TimeoutExpired:
+            pass
+        runs.write_info(plan.results, info | {"status": "interrupted",
+                                              "wall_time_s": round(time.perf_counter() - start, 1)})
+        raise Interrupted(f"interrupted: every rank of run {plan.run_id} was stopped"
+                          f"{runs.resume_hint(plan.results)}") from None
+    collect(plan)
+    # summary.json is written last by rank 0: mlx.launch exits 0 even when a rank failed.
+    finished = relayed.code == 0 and (plan.results / "summary.json").exists()
+    runs.write_info(plan.results, info | {"status": "finished" if finished else "failed",
+                                          "exit_code": relayed.code,
+                                          "wall_time_s": round(time.perf_counter() - start, 1)})
+    if not finished:
+        why = _why(plan, relayed.output, relayed.code, oom_before)
+        raise TrainFailed(f"training failed (exit {relayed.code}): {why}; what arrived "
+                          f"is in {plan.results}{runs.resume_hint(plan.results)}",
+                          code=relayed.code or 1)
+    if not (plan.results / "loss.png").exists():
+        # Nodes need no matplotlib: the controller draws the plot from the metrics.
+        local.python_module("training.loop.report", [str(plan.results)])
+    return plan.results
+
+
+def launch_run(cluster: Cluster, request: Request, inventory: str, *, run_id: str | None = None,
+               resume: bool = False) -> Path:
+    """Plan and execute one run on `cluster` (or a sub-layout of it): its runs/<id>."""
+    return execute(plan(cluster, request, run_id=run_id or runs.new_id(), resume=resume), inventory)
+
+
+@dataclass(frozen=True)
+class Options:
+    """invoke train's options, as given."""
+
+    config: str | None = None
+    data: str | None = None
+    model: str | None = None
+    iters: int | None = None
+    batch_size: int | None = None
+    extra: str = ""
+    backend: str | None = None
+    interface: str | None = None
+    btl_tcp_links: int | None = None
+    threads: int | None = None
+    parallel: str | None = None  # data or tensor (None: the config's, data by default)
+    resume: str | bool | None = None  # True: the latest unfinished run
+    dry_run: bool = False
+
+
+def _resumed(options: Options) -> tuple[str | None, Options]:
+    """The run to resume (if any), and the options with its data, model, backend and settings."""
+    if not options.resume:
+        return None, options
+    if options.config:
+        raise UserError("--config and --resume do not go together: a resumed run keeps the "
+                        "settings it was started with (change reporting and the like with --extra)")
+    run_id, info = runs.resumable(RUNS, None if options.resume is True else str(options.resume))
+    recorded_data, recorded_model = (runs.recorded_path(RUNS / run_id, info, key)
+                                     for key in ("data", "model"))
+    if options.model and info.get("model_sha256"):
+        given = manifest_sha256(Path(options.model))
+        if given != str(info["model_sha256"]):
+            raise UserError(f"--model {options.model} is not the model run {run_id} was trained on "
+                            f"({recorded_model}, manifest sha256 {str(info['model_sha256'])[:12]}; this one "
+                            f"{'has no manifest' if given is None else given[:12]}): resume without "
+                            "--model, or start a new run with invoke train")
+    return run_id, dataclasses.replace(
+        options, data=options.data or recorded_data, model=options.model or recorded_model,
+        backend=options.backend or info.get("backend"), config=str(runs.resume_config(run_id)))
+
+
+def request_for(rec: Recorded, options: Options, *, fetch: bool) -> Request:
+    config = shipment.config_file(Path(options.config)).resolve() if options.config else None
+    installed = inputs.installed_model(rec.cluster, options.model)
+    model_given = installed["controller_path"] if installed else options.model
+    data, model = inputs.resolve(rec.cluster, options.data, model_given, fetch=fetch, check=False)
+    # A default a dry run did not make: the plan shows the files it will have.
+    pending = frozenset(name for name, given, path in (("data", options.data, data),
+                                                       ("model", model_given, model))
+                        if not given and not path.exists())
+    # plan() refuses flags of the user's that name the run's own folders.
+    overrides = run_settings.split_extra(options.extra)
+    if options.iters:
+        overrides += ["--iters", str(options.iters)]
+    if options.batch_size:
+        overrides += ["--batch-size", str(options.batch_size)]
+    overrides += parallel.flags(options.parallel)
+    settings = run_settings.read(config, overrides)
+    return Request(data, model, config, overrides, options.backend, flags.interface(options.interface),
+                   options.btl_tcp_links, options.threads, installed["path"] if installed else None,
+                   mlx_envs=rec.mlx_envs, calibration=calibration_for(rec, model, settings),
+                   parallel=settings.parallel, pending=pending)
+
+
+def calibration_for(rec: Recorded, model: Path, settings: FinetuneConfig) -> Mapping[str, Any] | None:
+    """The latest calibration of this model and sequence length, when a node's batch_share is auto."""
+    if not any(n.batch_share == batch_shares.AUTO for n in rec.cluster.training_nodes):
+        return None
+    return batch_shares.latest_calibration(rec.calibration, batch_shares.calibration_key(model, settings))
+
+
+def train(inventory: str, options: Options) -> Path | None:
+    """invoke train: a new run, or a resumed one, on the recorded cluster; its runs/<id> (None:
+    dry run, which also plans on a cluster not provisioned yet)."""
+    rec, notes = preview.layout(inventory) if options.dry_run else (recorded(inventory), [])
+    resume_run, options = _resumed(options)
+    if options.backend not in (None, "auto", *builder.BACKENDS):
+        raise UserError(f"--backend must be auto, {', '.join(builder.BACKENDS)}, not {options.backend!r}")
+    request = request_for(rec, options, fetch=not options.dry_run and not resume_run)
+    the_plan = plan(rec.cluster, request, run_id=resume_run or runs.new_id(),
+                    resume=resume_run is not None)
+    if options.dry_run:
+        show(the_plan, [*notes, *pending_notes(request)])
+        return None
+    doctor.preflight(rec.cluster, inputs.model_bytes(request.model))
+    return execute(the_plan, rec.inventory)

@@ -1,0 +1,3 @@
+"""The lab cluster: real Debian hosts in network namespaces on this machine, their point-to-point
+cables and their limits, for tests and rehearsals.
+"""

@@ -1,0 +1,479 @@
+"""A cluster of real Debian hosts on this machine, for tests and rehearsals.
+
+Each lab host is a network namespace with its own hostname, private
+copy-on-write overlays of /opt /usr /etc /var /root /home (so installs on one
+host are invisible to the others), a private /run and /tmp, and its own sshd.
+Like a real Mac, a host has two links:
+
+* ``eth0``, the management link (sshd, Ansible), on the bridge ``mlab<id>-mgmt``
+  whose host side holds ``10.77.<id>.1/24``; host ``i`` is ``10.77.<id>.<10+i>``;
+* ``bridge0``, named like the macOS Thunderbolt bridge, on the isolated bridge
+  ``mlab<id>-tb``. It has no address: the ``thunderbolt`` role assigns one from
+  inventory (``10.78.<id>.<10+i>``), so the tests exercise that role for real.
+
+Lab hosts have no route to the package registries. Everything they install
+comes from a cache the host fills beforehand (:func:`prepare_offline_cache`):
+Debian packages in the host's ``/var/cache/apt/archives`` and Python wheels in
+``/var/cache/mlx-lab/wheels``, both seen by every lab host through its /var
+overlay.
+
+Only ever addresses inside namespaces this module created are used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import yaml
+
+from mlxcluster.errors import UserError
+from mlxcluster.lab import limits, veth
+
+REPO = Path(__file__).resolve().parents[2]
+LAB_ROOT = Path(os.environ.get("MLX_LAB_ROOT", "/srv/mlx-lab"))
+WHEELHOUSE = Path("/var/cache/mlx-lab/wheels")
+OVERLAID = ("opt", "usr", "etc", "var", "root", "home")
+# MLX's CPU backend compiles its kernels with the C++ compiler on first use and keeps them in
+# /tmp/mlx. A lab node's /tmp is its own and starts empty, so every fresh lab paid tens of seconds
+# per training shape for kernels compiled before. Every lab node mounts this directory there
+# instead: a real node's /tmp keeps its kernels from one run to the next too.
+JIT_CACHE = LAB_ROOT / "mlx-jit-cache"
+THUNDERBOLT_IFACE = "bridge0"
+# Debian packages the roles install on Linux nodes; the lab caches them.
+APT_PACKAGES = ("openmpi-bin", "libopenmpi-dev", "libopenblas0-pthread", "python3-venv", "g++",
+                "iputils-ping", "rsync")
+# Tools the lab itself needs on the host (they become part of every lab host's base image).
+HOST_TOOLS = {"sshd": "openssh-server", "ssh": "openssh-client", "ip": "iproute2"}
+
+
+class LabError(UserError):
+    """A lab operation failed in a way the user can fix; the message says how."""
+
+    def __init__(self, message: str):
+        super().__init__(f"lab: {message}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Lab:
+    """Names and addresses of lab number ``lab_id`` (several labs can coexist)."""
+
+    lab_id: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.lab_id <= 9:
+            raise LabError(f"lab id must be 0-9, got {self.lab_id}")
+
+    @property
+    def root(self) -> Path:
+        return LAB_ROOT / f"lab{self.lab_id}"
+
+    @property
+    def mgmt_bridge(self) -> str:
+        return f"mlab{self.lab_id}-mgmt"
+
+    @property
+    def tb_bridge(self) -> str:
+        return f"mlab{self.lab_id}-tb"
+
+    @property
+    def gateway(self) -> str:
+        return f"10.77.{self.lab_id}.1"
+
+    def netns(self, i: int) -> str:
+        return f"mlab{self.lab_id}n{i}"
+
+    def mgmt_ip(self, i: int) -> str:
+        return f"10.77.{self.lab_id}.{10 + i}"
+
+    def tb_ip(self, i: int) -> str:
+        return f"10.78.{self.lab_id}.{10 + i}"
+
+    def node_dir(self, i: int) -> Path:
+        return self.root / f"node{i}"
+
+    @property
+    def key(self) -> Path:
+        return self.root / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.root / "known_hosts"
+
+    @property
+    def inventory(self) -> Path:
+        return self.root / "inventory" / "hosts.yml"
+
+    def nodes(self) -> list[int]:
+        """Numbers of the nodes that are up, from their namespaces."""
+        out = _run(["ip", "netns", "list"], capture=True).stdout
+        prefix = f"mlab{self.lab_id}n"
+        found = []
+        for line in out.splitlines():
+            name = line.split()[0] if line.strip() else ""
+            if name.startswith(prefix) and name[len(prefix):].isdigit():
+                found.append(int(name[len(prefix):]))
+        return sorted(found)
+
+
+def _run(cmd: list[str], *, capture: bool = False, check: bool = True,
+         input: str | None = None) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(cmd, check=check, text=True, input=input,
+                              capture_output=capture)
+    except subprocess.CalledProcessError as exc:
+        detail = (exc.stderr or "").strip()
+        raise LabError(f"command failed ({exc.returncode}): {' '.join(cmd)}\n{detail}") from exc
+
+
+def _link_exists(name: str) -> bool:
+    return _run(["ip", "link", "show", name], capture=True, check=False).returncode == 0
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        raise LabError("the lab cluster needs root (network namespaces, overlay mounts): "
+                       "run it as root, e.g. `sudo invoke lab.up`")
+    missing = [pkg for tool, pkg in HOST_TOOLS.items()
+               if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists()]
+    if missing:
+        raise LabError("the lab needs these Debian packages on this machine: "
+                       f"apt-get install {' '.join(sorted(set(missing)))}")
+
+
+def _ensure_bridge(name: str, address: str | None) -> None:
+    if not _link_exists(name):
+        _run(["ip", "link", "add", name, "type", "bridge"])
+    if address:
+        _run(["ip", "addr", "replace", address, "dev", name])
+    _run(["ip", "link", "set", name, "up"])
+
+
+def _ensure_controller_key(lab: Lab) -> str:
+    if not lab.key.exists():
+        _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"mlx-lab{lab.lab_id}-controller",
+              "-f", str(lab.key)])
+    return Path(f"{lab.key}.pub").read_text().strip()
+
+
+def _node_script(lab: Lab, i: int, authorized_key: str) -> str:
+    """Shell run inside the node's namespaces: mounts, identity, then sshd in the foreground."""
+    d = lab.node_dir(i)
+    mounts = "\n".join(
+        f"mkdir -p {d}/upper/{p} {d}/work/{p}\n"
+        f"mount -t overlay overlay -o lowerdir=/{p},upperdir={d}/upper/{p},workdir={d}/work/{p} /{p}"
+        for p in OVERLAID
+    )
+    hosts = "\n".join(f"{lab.mgmt_ip(j)} node{j}" for j in range(1, 10))
+    return f"""set -eu
+{mounts}
+mount -t tmpfs -o mode=0755 tmpfs /run
+mkdir -p /run/sshd /run/lock
+mount -t tmpfs -o mode=1777 tmpfs /tmp
+mkdir -p {JIT_CACHE} /tmp/mlx
+mount --bind {JIT_CACHE} /tmp/mlx
+hostname node{i}
+echo node{i} > /etc/hostname
+cat > /etc/hosts <<'EOF'
+127.0.0.1 localhost
+{hosts}
+EOF
+# A host of its own: fresh host keys, and none of the machine's root keys or known hosts.
+# Done on first boot only: a node restarted by lab.up keeps its disk, like a rebooted Mac.
+if [ ! -e {d}/booted ]; then
+  rm -f /etc/ssh/ssh_host_*
+  cp {d}/ssh_host_ed25519_key {d}/ssh_host_ed25519_key.pub /etc/ssh/
+  chmod 600 /etc/ssh/ssh_host_ed25519_key
+  rm -rf /root/.ssh
+  mkdir -m 700 /root/.ssh
+  echo '{authorized_key}' > /root/.ssh/authorized_keys
+  chmod 600 /root/.ssh/authorized_keys
+  touch {d}/booted
+fi
+cat > /etc/ssh/sshd_config <<'EOF'
+Port 22
+HostKey /etc/ssh/ssh_host_ed25519_key
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+UseDNS no
+PidFile /run/sshd.pid
+AuthorizedKeysFile .ssh/authorized_keys
+AcceptEnv LANG LC_*
+MaxStartups 100:30:200
+MaxSessions 100
+Subsystem sftp /usr/lib/openssh/sftp-server
+EOF
+exec /usr/sbin/sshd -D -e
+"""
+
+
+def _start_node(lab: Lab, i: int, authorized_key: str) -> None:
+    ns, d = lab.netns(i), lab.node_dir(i)
+    d.mkdir(parents=True, exist_ok=True)
+    hostkey = d / "ssh_host_ed25519_key"
+    if not hostkey.exists():
+        _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@node{i}", "-f", str(hostkey)])
+    _run(["ip", "netns", "add", ns])
+    for kind, bridge, inner in (("m", lab.mgmt_bridge, "eth0"), ("t", lab.tb_bridge, THUNDERBOLT_IFACE)):
+        outer, peer = f"mlab{lab.lab_id}{kind}{i}", f"mlab{lab.lab_id}{kind}p{i}"
+        if _link_exists(outer):
+            _run(["ip", "link", "del", outer])
+        # A fixed MAC per node and link, like real hardware: a restarted node keeps its
+        # MAC, so its peers' ARP entries stay right.
+        mac = f"02:77:{lab.lab_id:02x}:{ord(kind):02x}:00:{i:02x}"
+        _run(["ip", "link", "add", outer, "type", "veth", "peer", "name", peer,
+              "address", mac])
+        _run(["ip", "link", "set", outer, "master", bridge, "up"])
+        _run(["ip", "link", "set", peer, "netns", ns])
+        _run(["ip", "-n", ns, "link", "set", peer, "name", inner])
+        _run(["ip", "-n", ns, "link", "set", inner, "up"])
+    _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+    _run(["ip", "-n", ns, "addr", "add", f"{lab.mgmt_ip(i)}/24", "dev", "eth0"])
+    _run(["ip", "-n", ns, "route", "add", "default", "via", lab.gateway])
+    script = d / "boot.sh"
+    script.write_text(_node_script(lab, i, authorized_key))
+    # setsid --fork detaches the node's process tree from ours: it outlives this
+    # command, and `stop_node` finds it again through the namespace.
+    with (d / "sshd.log").open("a") as log:
+        subprocess.run(
+            ["setsid", "--fork", "ip", "netns", "exec", ns, "unshare", "--uts", "--mount",
+             "--propagation", "private", "--fork", "bash", str(script)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, check=True,
+        )
+
+
+def _wait_for_ssh(addresses: Iterable[str], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    for address in addresses:
+        while True:
+            try:
+                with socket.create_connection((address, 22), timeout=1) as sock:
+                    if sock.recv(4).startswith(b"SSH"):
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise LabError(f"sshd on {address} did not come up within {timeout:.0f}s; "
+                               f"see {LAB_ROOT}/lab*/node*/sshd.log")
+            time.sleep(0.1)
+
+
+def write_inventory(lab: Lab, nodes: list[int], slots: int = 1,
+                    links: list[list[str]] | None = None) -> Path:
+    """Write an Ansible inventory for the lab hosts that are up; node1 is the launcher. With
+    `links`, the hosts are cabled point to point (mlxcluster/lab/veth.py): links mode, a /30 per cable."""
+    hosts = {f"node{i}": {"ansible_host": lab.mgmt_ip(i), "mpi_slots": slots} for i in nodes}
+    if not links:
+        for i in nodes:
+            hosts[f"node{i}"] = {**hosts[f"node{i}"], "thunderbolt_ip": lab.tb_ip(i)}
+    # The lab's settings are the cluster group's vars in the inventory file itself: they
+    # outrank the shipped defaults (playbooks/group_vars/all), and a copy of the file is
+    # a whole inventory.
+    lab_vars = {
+        "ansible_user": "root",
+        "ansible_ssh_private_key_file": str(lab.key),
+        # The lab made these host keys itself, so the controller pins them too.
+        "ansible_ssh_common_args": f"-o UserKnownHostsFile={lab.known_hosts}",
+        "ansible_python_interpreter": "/usr/bin/python3",
+        "cluster_root": "/opt/mlx-cluster",
+        **({"thunderbolt_topology": "links", "thunderbolt_links": links,
+            "thunderbolt_link_pool": f"10.78.{lab.lab_id}.0/24"} if links else
+           {"thunderbolt_interface": THUNDERBOLT_IFACE, "thunderbolt_prefix": 24}),
+        # No registry is reachable from a lab host: install from the host's cache.
+        "cluster_apt_update_cache": False,
+        "python_env_pip_extra_args": f"--no-index --find-links={WHEELHOUSE}",
+    }
+    inventory = {
+        "cluster": {"children": {"linux": {"hosts": hosts}, "macs": {"hosts": {}}},
+                    "vars": lab_vars},
+        "launcher": {"hosts": {f"node{nodes[0]}": None}} if nodes else {"hosts": {}},
+    }
+    header = f"# Written by `invoke lab.up` for lab {lab.lab_id}; rewritten on every lab.up.\n"
+    lab.inventory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = lab.inventory.with_suffix(".tmp")
+    tmp.write_text(header + yaml.safe_dump(inventory, sort_keys=False))
+    tmp.replace(lab.inventory)
+    return lab.inventory
+
+
+def up(nodes: int, lab_id: int = 0, slots: int = 1, cables: str | None = None) -> Path:
+    """Bring nodes 1..``nodes`` up (those already up are kept) and write the inventory; with
+    `cables` (ring or mesh), cable them point to point instead of through the lab's bridge."""
+    require_root()
+    if not 1 <= nodes <= 9:
+        raise LabError(f"--nodes must be between 1 and 9, got {nodes}")
+    lab = Lab(lab_id)
+    lab.root.mkdir(parents=True, exist_ok=True)
+    _ensure_bridge(lab.mgmt_bridge, f"{lab.gateway}/24")
+    _ensure_bridge(lab.tb_bridge, None)
+    authorized_key = _ensure_controller_key(lab)
+    running = set(lab.nodes())
+    for i in range(1, nodes + 1):
+        if i not in running:
+            _start_node(lab, i, authorized_key)
+    all_nodes = sorted(running | set(range(1, nodes + 1)))
+    _wait_for_ssh(lab.mgmt_ip(i) for i in all_nodes)
+    lines = []
+    for i in all_nodes:
+        keytype, key = (lab.node_dir(i) / "ssh_host_ed25519_key.pub").read_text().split()[:2]
+        lines.append(f"{lab.mgmt_ip(i)},node{i} {keytype} {key}")
+    lab.known_hosts.write_text("\n".join(lines) + "\n")
+    links = None
+    if cables:
+        made = veth.cabling(all_nodes, cables)
+        netns = {f"node{n}": lab.netns(n) for n in all_nodes}
+        # A cable already plugged (lab.up again) stays as it is.
+        missing = [(a, b) for a, b in made if _run(["ip", "-n", netns[a.host], "link", "show", a.interface],
+                                                   capture=True, check=False).returncode != 0]
+        for command in veth.plug_commands(netns, missing):
+            _run(command)
+        links = veth.inventory_links(made)
+    return write_inventory(lab, all_nodes, slots, links)
+
+
+def stop_node(lab: Lab, i: int) -> None:
+    """Kill every process of node ``i`` and remove its namespace and links (its disk is kept)."""
+    ns = lab.netns(i)
+    pids = _run(["ip", "netns", "pids", ns], capture=True, check=False).stdout.split()
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 5
+    while _run(["ip", "netns", "pids", ns], capture=True, check=False).stdout.strip():
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    _run(["ip", "netns", "del", ns], check=False, capture=True)
+    limits.clear(lab.lab_id, i)
+    for kind in ("m", "t"):
+        outer = f"mlab{lab.lab_id}{kind}{i}"
+        if _link_exists(outer):
+            _run(["ip", "link", "del", outer], check=False, capture=True)
+
+
+def set_link(lab: Lab, i: int, up: bool) -> None:
+    """Unplug (up=False) or plug back node ``i``'s Thunderbolt cable: its end of the cluster link
+    goes down on the bridge side, while the node and its management link stay up."""
+    _run(["ip", "link", "set", f"mlab{lab.lab_id}t{i}", "up" if up else "down"])
+
+
+def set_cable(lab: Lab, port: str, up: bool) -> None:
+    """Unplug (up=False) or plug back a point-to-point cable at `port` ("node2:en3"): that end
+    goes down, and the far end loses its carrier, as when a Thunderbolt cable is pulled."""
+    host, interface = port.split(":")
+    _run(["ip", "-n", lab.netns(int(host.removeprefix("node"))), "link", "set", interface,
+          "up" if up else "down"])
+
+
+def down(lab_id: int = 0) -> None:
+    """Stop every node of the lab and remove bridges and state: nothing is left behind."""
+    require_root()
+    lab = Lab(lab_id)
+    for i in lab.nodes():
+        stop_node(lab, i)
+    for bridge in (lab.mgmt_bridge, lab.tb_bridge):
+        if _link_exists(bridge):
+            _run(["ip", "link", "del", bridge], check=False, capture=True)
+    shutil.rmtree(lab.root, ignore_errors=True)
+
+
+@contextmanager
+def fresh(nodes: int, lab_id: int, slots: int = 1) -> Iterator[Path]:
+    """A lab of `nodes` new hosts (the offline cache filled first), taken down afterwards: its
+    inventory."""
+    prepare_offline_cache()
+    down(lab_id)
+    try:
+        yield up(nodes, lab_id, slots)
+    finally:
+        down(lab_id)
+
+
+def ansible_env(facts_dir: Path) -> dict[str, str]:
+    """What ansible-playbook needs on a lab: a fact cache of its own. Every lab gets new hosts
+    under the same names, so facts cached for an earlier lab must never be reused."""
+    return {"ANSIBLE_CACHE_PLUGIN_CONNECTION": str(facts_dir)}
+
+
+def status(lab_id: int = 0) -> dict[str, object]:
+    lab = Lab(lab_id)
+    nodes = lab.nodes()
+    return {
+        "lab": lab_id,
+        "nodes": {f"node{i}": {"management": lab.mgmt_ip(i), "thunderbolt": lab.tb_ip(i)}
+                  for i in nodes},
+        "inventory": str(lab.inventory) if lab.inventory.exists() else None,
+    }
+
+
+def node_requirements() -> list[str]:
+    """The pip requirements the python_env role installs on a Linux node, from its defaults."""
+    defaults = yaml.safe_load((REPO / "roles/python_env/defaults/main.yml").read_text())
+    return [f"mlx[cpu]=={defaults['python_env_mlx_version']}",
+            f"mlx-lm=={defaults['python_env_mlx_lm_version']}"]
+
+
+def prepare_offline_cache(mlx_requirements: list[str] | None = None) -> None:
+    """Fill the caches lab hosts install from: apt archives and a wheelhouse.
+
+    Idempotent and quick when the caches are already full. Needs the registries
+    (run it where they are reachable: CI and developer machines).
+    """
+    require_root()
+    WHEELHOUSE.mkdir(parents=True, exist_ok=True)
+    # Several labs (test runs side by side) fill the same caches: one at a time, as apt's own
+    # lock would otherwise fail the second with "Could not get lock".
+    with open(WHEELHOUSE / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _fill_caches(mlx_requirements or node_requirements())
+
+
+def _fill_caches(mlx_requirements: list[str]) -> None:
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    download = ["apt-get", "install", "-y", "-q", "--download-only", *APT_PACKAGES]
+    if subprocess.run(download, env=env, capture_output=True).returncode != 0:
+        # The package lists may be missing or stale on a fresh machine.
+        _run(["apt-get", "update", "-q"], capture=True)
+        _run(download, capture=True)
+    _run([sys.executable, "-m", "pip", "download", "-q", "--dest", str(WHEELHOUSE),
+          "--only-binary=:all:", *mlx_requirements, "pip", "setuptools", "wheel"], capture=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line used by CI scripts: ``python -m mlxcluster.lab up|down|status``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m mlxcluster.lab")
+    parser.add_argument("action", choices=["up", "down", "status", "cache"])
+    parser.add_argument("--nodes", type=int, default=3)
+    parser.add_argument("--lab", type=int, default=int(os.environ.get("MLX_LAB_ID", "0")))
+    args = parser.parse_args(argv)
+    actions = {
+        "up": lambda: print(up(args.nodes, args.lab)),
+        "cache": prepare_offline_cache,
+        "down": lambda: down(args.lab),
+        "status": lambda: print(json.dumps(status(args.lab), indent=2)),
+    }
+    try:
+        actions[args.action]()
+    except LabError as exc:
+        raise SystemExit(f"error: {exc}") from None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

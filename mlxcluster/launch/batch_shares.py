@@ -1,0 +1,192 @@
+"""Batch shares on the controller: each rank's weight from the inventory, split into whole examples
+of the run's global batch and passed to every rank (training/data/shares.py does the splitting, on both
+sides alike).
+
+A node's `batch_share` is the weight of each of its ranks: a number (relative: 3 beside 1 gives
+three times the examples), or `auto`, which takes the node's tokens/s from the latest calibration
+(`invoke bench.calibrate`) of the same model and sequence length. `max_micro_batch` caps the
+examples a rank of that node runs at once. A config that sets batch_shares itself (or a resumed
+run's, which recorded them) is left as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlxcluster.describe.cluster import Cluster, Node
+from mlxcluster.errors import UserError
+from mlxcluster.launch import settings as run_settings
+from training.config import FinetuneConfig
+from training.data import shares
+from training.model.manifest import manifest_sha256
+
+AUTO = "auto"
+
+
+# --- the inventory's settings ---------------------------------------------------------------------
+
+
+def share_value(raw: Any) -> float | str | None:
+    """A node's batch_share as training takes it: a positive number, "auto", or None (not set); a
+    ValueError says what is wrong."""
+    if raw is None or raw == AUTO:
+        return raw
+    try:
+        value = float(raw) if not isinstance(raw, bool) else math.nan
+    except (TypeError, ValueError):
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"batch_share {raw!r} must be a positive number (its ranks' weight beside the "
+                         "other nodes', e.g. 3 beside 1) or auto (from invoke bench.calibrate)")
+    return value
+
+
+def micro_batch_value(raw: Any) -> int:
+    """A node's max_micro_batch: a whole number of examples, 0 (the default) for no limit."""
+    if raw is None:
+        return 0
+    text = str(raw).strip()
+    if isinstance(raw, bool) or not text.isdigit():
+        raise ValueError(f"max_micro_batch {raw!r} must be a whole number of examples, at least 0 "
+                         "(0: no limit)")
+    return int(text)
+
+
+def share_errors(host: str, hv: Mapping[str, Any]) -> list[str]:
+    """What is wrong with a node's batch_share and max_micro_batch, each said with its fix."""
+    errors = []
+    for read, key in ((share_value, "batch_share"), (micro_batch_value, "max_micro_batch")):
+        try:
+            read(hv.get(key))
+        except ValueError as error:
+            errors.append(f"{host}: {error}")
+    return errors
+
+
+def cluster_share_errors(hosts: Sequence[str], hostvars: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Every node's errors, and auto beside numbers: a calibration's tokens/s and a weight set by
+    hand are not on one scale."""
+    errors = [e for host in hosts for e in share_errors(host, hostvars.get(host, {}))]
+    if errors:
+        return errors
+    given = {h: share_value(hostvars.get(h, {}).get("batch_share")) for h in hosts}
+    auto = sorted(h for h, v in given.items() if v == AUTO)
+    numbers = sorted(h for h, v in given.items() if v not in (None, AUTO))
+    if auto and numbers:
+        errors.append(f"batch_share is auto on {', '.join(auto)} but a number on {', '.join(numbers)}: "
+                      "use auto on every node (weights from the calibration) or numbers on every node")
+    return errors
+
+
+# --- calibration -----------------------------------------------------------------------------------
+
+
+def calibration_key(model: Path, settings: FinetuneConfig) -> dict[str, Any]:
+    """What a calibration is valid for: the model (its manifest digest; a model without one, by
+    its path) and the sequence length. Its speed depends on both."""
+    digest = manifest_sha256(model.resolve())
+    return {"model_id": digest or f"path:{model.resolve()}", "max_seq_length": settings.max_seq_length}
+
+
+def latest_calibration(path: Path, key: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The newest calibration in `path` (build/<inventory>/calibration.json) made for `key`."""
+    try:
+        runs = json.loads(path.read_text()).get("calibrations", [])
+    except (OSError, ValueError):
+        return None
+    matching = [r for r in runs if all(r.get(k) == v for k, v in key.items())]
+    return max(matching, key=lambda r: r.get("date", ""), default=None)
+
+
+def add_calibration(path: Path, entry: Mapping[str, Any]) -> None:
+    """Keep `entry` in calibration.json, beside the earlier ones (written whole, then renamed)."""
+    try:
+        kept = json.loads(path.read_text()).get("calibrations", [])
+    except (OSError, ValueError):
+        kept = []
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps({"calibrations": [*kept, dict(entry)]}, indent=2) + "\n")
+    partial.replace(path)
+
+
+# --- the shares of a run ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shares:
+    shares: list[int]  # examples per rank, in rank order
+    limits: list[int]  # max_micro_batch per rank (0: none)
+    why: str
+
+    @property
+    def args(self) -> list[str]:
+        """The flags every rank gets (before the user's own, which win)."""
+        args = ["--batch-shares", ",".join(map(str, self.shares))]
+        if any(self.limits):
+            args += ["--max-micro-batch", ",".join(map(str, self.limits))]
+        return args
+
+
+def _ranks(cluster: Cluster) -> list[Node]:
+    return [node for node in cluster.training_nodes for _ in range(node.slots)]
+
+
+def weights(cluster: Cluster, calibration: Mapping[str, Any] | None) -> tuple[list[float], str]:
+    """Each rank's weight, and where the weights come from."""
+    ranks = _ranks(cluster)
+    if not any(n.batch_share == AUTO for n in ranks):
+        given = [float(n.batch_share) if n.batch_share is not None else 1.0 for n in ranks]
+        return given, "batch_share in the inventory"
+    return calibrated_weights(cluster, calibration)
+
+
+def calibrated_weights(cluster: Cluster, calibration: Mapping[str, Any] | None) -> tuple[list[float], str]:
+    """Each rank's weight from its node's calibrated speed (a node's ranks share it), and which
+    calibration that was."""
+    ranks = _ranks(cluster)
+    if calibration is None:
+        raise UserError("batch_share is auto, but no calibration of this model and max_seq_length "
+                        "was found: run invoke bench.calibrate (with the same --model and settings) "
+                        "first, or give each node a number")
+    speeds = calibration.get("nodes", {})
+    missing = sorted({n.name for n in ranks if not (speeds.get(n.name) or {}).get("tokens_per_second")})
+    if missing:
+        raise UserError(f"the calibration of {calibration.get('date')} has no speed for "
+                        f"{', '.join(missing)}: run invoke bench.calibrate again")
+    return ([speeds[n.name]["tokens_per_second"] / n.slots for n in ranks],
+            f"the calibration of {calibration.get('date')} ("
+            + ", ".join(f"{name} {speeds[name]['tokens_per_second']:,.0f} tok/s"
+                        for name in dict.fromkeys(n.name for n in ranks)) + ")")
+
+
+def asked(cluster: Cluster) -> bool:
+    """Whether any node that trains sets a batch_share or a max_micro_batch."""
+    return any(n.batch_share is not None or n.max_micro_batch for n in cluster.training_nodes)
+
+
+def for_run(cluster: Cluster, config: Path | None, overrides: Sequence[str],
+            calibration: Mapping[str, Any] | None) -> Shares | None:
+    """The shares to give the ranks of a run with this config file and flags (None: no node asks
+    for any, the config sets them itself, or every rank gets an equal share and no cap, which is
+    what training does by itself)."""
+    if not asked(cluster):
+        return None
+    settings = run_settings.read(config, overrides)
+    if settings.batch_shares or settings.parallel == "tensor":  # tensor: all ranks take the whole batch
+        return None
+    ranks = _ranks(cluster)
+    given, source = weights(cluster, calibration)
+    limits = [0 if settings.max_micro_batch else int(n.max_micro_batch or 0) for n in ranks]
+    if len(set(given)) == 1 and not any(limits):
+        return None
+    try:
+        cut = shares.split(settings.batch_size, given)
+    except shares.ShareError as error:
+        raise UserError(str(error)) from None
+    return Shares(cut, limits, f"from {source}")

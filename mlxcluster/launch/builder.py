@@ -1,0 +1,324 @@
+"""Launcher command lines: how a program starts on every rank of a cluster, and how it stops.
+
+One builder, `command(cluster, job)`, makes the controller's command for invoke train, invoke run,
+invoke doctor's jobs and the benchmarks: ssh to the launcher, source its env.sh, then mpirun
+with the rendered hostfile pinned to the cluster link, `mlx.launch --backend ring|jaccl|jaccl-ring`,
+or (one rank on the launcher) the program alone. `choice_for` says which, and why (`--backend
+auto`: mlxcluster/describe/backends.py). Every rank gets the same environment from `rank_env`, whoever
+launches it. `describe_failure` and `failure_report` say what a failed launch's output means.
+
+All plain functions of the recorded layout (mlxcluster/describe/cluster.py), so tests assert on exact
+command lines without any host.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from mlxcluster.describe.backends import RDMA_HOWTO, Choice, rdma_missing
+from mlxcluster.describe.cluster import Cluster, Node
+from mlxcluster.describe.topology import backend_problem, mlx_hostfile
+from mlxcluster.errors import UserError
+from mlxcluster.launch import remote
+
+BACKENDS = ("mpi", "ring", "jaccl", "jaccl-ring")
+# The backends mlx.launch starts, and the hosts file each reads.
+MLX_BACKENDS = ("ring", "jaccl", "jaccl-ring")
+JACCL_HOSTS_FILE = "jaccl-hosts.json"  # written into the work directory at launch
+# Variables env.sh (roles/python_env) sets that every mpirun rank needs, per launcher OS.
+ENV_FILE_VARS = {
+    "Debian": ("PATH", "VIRTUAL_ENV", "LD_PRELOAD"),
+    "Darwin": ("PATH", "VIRTUAL_ENV", "DYLD_LIBRARY_PATH"),
+}
+# Markers name a run's processes for pkill: letters, digits, dashes, dots, slashes and spaces.
+_MARKER = re.compile(r"^[\w./ -]+$")
+
+
+@dataclass(frozen=True)
+class Job:
+    """What to start on every rank of a cluster, and how.
+
+    program: the argv of every rank; a leading "python" is the venv's python.
+    backend: mpi (mpirun + the rendered hostfile), ring (mlx.launch), or direct (one process on
+      the launcher, no launcher program: see `backend_for`).
+    ring_hosts_file: ring only: a file name in the work directory to write this layout's hosts
+      file to, instead of using the rendered <cluster_root>/hosts.json.
+    mlx_envs: what mlx.launch exports on every rank, in a hosts file written at launch (a
+      ring_hosts_file, or JACCL's).
+    map_by_node: mpi only: rank i on the i-th node, whatever the hostfile's slots.
+    """
+
+    program: Sequence[str]
+    backend: str = "mpi"
+    interface: str | None = None  # default: the launcher's thunderbolt_interface
+    btl_tcp_links: int | None = None
+    threads: int | None = None  # BLAS threads per rank
+    interactive: bool = False  # the controller has a terminal: ssh gets a tty, rank 0 draws bars
+    workdir: str | None = None  # default: the launcher's work directory
+    map_by_node: bool = False
+    ring_hosts_file: str | None = None
+    mlx_envs: Sequence[str] = ()
+
+
+def choice_for(cluster: Cluster, requested: str | None) -> Choice:
+    """The backend of a launch and why: the one asked for, else what `auto` means for this
+    cluster (recorded by provisioning: mlxcluster/describe/backends.py). One MPI rank on the launcher
+    runs directly: under `mpirun -np 1` mlx-lm's trainer initializes MPI, which MLX never
+    finalizes for a group of one, and mpirun fails the job after training finished."""
+    if requested not in (None, "auto", *BACKENDS):
+        raise UserError(f"--backend must be auto, {', '.join(BACKENDS)}, not {requested!r}")
+    try:
+        choice = cluster.backend_choice(requested)
+    except ValueError as exc:
+        raise UserError(f"no backend can run on this cluster: {exc}") from None
+    training = [n.name for n in cluster.training_nodes]
+    if choice.backend == "mpi" and cluster.cables and len(training) > 1:
+        # Open MPI's TCP transport offers a peer all of a node's addresses: on a full mesh the
+        # thunderbolt role routes each across the cable to that node; a ring has no such cable.
+        if problem := backend_problem("mpi", training, cluster.links()):
+            raise UserError(problem)
+    if choice.backend.startswith("jaccl"):
+        if not cluster.cables:
+            raise UserError(f"--backend {choice.backend} needs per-cable networks "
+                            "(thunderbolt_topology: links): JACCL runs on each cable's RDMA device")
+        if len(training) > 1 and (problem := backend_problem(choice.backend, training, cluster.links())):
+            raise UserError(problem)
+        rdma = {n.name: n.rdma_devices for n in cluster.nodes}
+        if missing := rdma_missing(training, cluster.links(), rdma):
+            raise UserError(f"--backend {choice.backend}: no RDMA device on {', '.join(missing)} "
+                            f"(ibv_devices, as provisioning recorded it): {RDMA_HOWTO}, then "
+                            "invoke provision again; or train with --backend ring")
+    if choice.backend == "mpi" and cluster.world_size == 1 and cluster.head.slots == 1:
+        return Choice("direct", choice.why)
+    return choice
+
+
+def backend_for(cluster: Cluster, requested: str | None) -> str:
+    """The backend of a launch (choice_for, without why)."""
+    return choice_for(cluster, requested).backend
+
+
+def rank_env(cluster: Cluster, job: Job) -> dict[str, str]:
+    """What every rank gets besides env.sh, whatever the backend."""
+    env = {"HF_HUB_OFFLINE": "1"}  # the model is on the node: never ask the hub
+    if not job.interactive:
+        # Open MPI gives ranks a pty: without this rank 0 would draw a progress bar into a log.
+        env["TTY_COMPATIBLE"] = "0"
+    if job.threads:
+        env["OPENBLAS_NUM_THREADS"] = str(job.threads)
+    elif max((n.slots for n in cluster.training_nodes), default=1) > 1:
+        env["OPENBLAS_NUM_THREADS"] = "1"  # several ranks share a machine's cores
+    return env
+
+
+def _venv_python(cluster: Cluster, program: Sequence[str]) -> list[str]:
+    if program and program[0] == "python":
+        return [f"{cluster.head.venv}/bin/python", *program[1:]]
+    return list(program)
+
+
+def mpirun_command(cluster: Cluster, job: Job, env: Mapping[str, str]) -> list[str]:
+    """The mpirun command run on the launcher (after sourcing env.sh) to start the job."""
+    head = cluster.head
+    # In links mode each cable is its own network: MPI takes every one in the pool (a CIDR).
+    interface = job.interface or head.thunderbolt_link_pool or head.thunderbolt_interface
+    cmd = [f"{head.openmpi_prefix}/bin/mpirun" if head.openmpi_prefix else "mpirun"]
+    if remote.logs_in_as_root(head):
+        cmd.append("--allow-run-as-root")
+    # Open MPI binds each rank to one core when np <= 2 (and to a socket above): a rank alone on
+    # a Linux node would then run all its BLAS threads on a single core, and two nodes' ranks
+    # sharing one box (the lab) would share core 0. Leave placement to the OS.
+    cmd += ["--hostfile", f"{head.cluster_root}/hostfile", "-np", str(cluster.world_size),
+            "--bind-to", "none"]
+    if head.openmpi_prefix and head.os_family == "Darwin":
+        # Non-interactive ssh on a Mac has no Homebrew on PATH: tell orted where it lives.
+        cmd += ["--prefix", head.openmpi_prefix]
+    if interface:
+        # Pin both MPI's data path and its out-of-band wire-up to the cluster link,
+        # or Open MPI may pick Wi-Fi (or a docker bridge) on its own.
+        cmd += ["--mca", "btl_tcp_if_include", interface, "--mca", "oob_tcp_if_include", interface]
+    if job.btl_tcp_links:
+        cmd += ["--mca", "btl_tcp_links", str(job.btl_tcp_links)]
+    cmd += ["--mca", "plm_rsh_args", " ".join(remote.BATCH_MODE)]
+    for name in ENV_FILE_VARS.get(head.os_family, ENV_FILE_VARS["Debian"]):
+        cmd += ["-x", name]
+    for name, value in sorted(env.items()):
+        cmd += ["-x", f"{name}={value}"]
+    if job.map_by_node:
+        cmd += ["--map-by", "node"]
+    cmd += ["--wdir", job.workdir or head.work_dir]
+    return [*cmd, *_venv_python(cluster, job.program)]
+
+
+def _reach(cluster: Cluster, node: Node) -> str:
+    """Where mlx.launch on the launcher reaches `node` by ssh: over the cluster link (in links
+    mode a cable between them), else at its management address."""
+    head = cluster.head
+    if node.name == head.name or not cluster.cables:
+        return node.thunderbolt_ip
+    if any({e["host"] for e in c["ends"]} == {head.name, node.name} for c in cluster.cables):
+        return cluster.address_towards(head, node)
+    return str(node.connection.get("host") or node.name)
+
+
+def ring_hosts(cluster: Cluster, envs: Sequence[str] = ()) -> dict[str, object]:
+    """mlx.launch's ring hosts file for this layout: one entry per rank, the launcher first. In
+    links mode MLX's own (mlxcluster/describe/topology.py): each rank's address on the cable to its left
+    neighbour, the ranks in ring order as recorded."""
+    training = cluster.training_nodes
+    if cluster.cables and len(training) > 1:
+        return mlx_hostfile("ring", [n.name for n in training], cluster.links(),
+                            {n.name: _reach(cluster, n) for n in training}, envs=envs)
+    return {"backend": "ring", "envs": list(envs),
+            "hosts": [{"ssh": n.thunderbolt_ip, "ips": [n.thunderbolt_ip]}
+                      for n in training for _ in range(n.slots)]}
+
+
+def jaccl_hosts(cluster: Cluster, backend: str, envs: Sequence[str] = ()) -> dict[str, object]:
+    """mlx.launch's hosts file for JACCL (jaccl or jaccl-ring), in MLX's own format: per rank the
+    RDMA device towards each peer, and rank 0's management address, where the ranks meet."""
+    training = cluster.training_nodes
+    ssh = {n.name: _reach(cluster, n) for n in training}
+    meet = {n.name: n.management_ip or str(n.connection.get("host") or n.name) for n in training}
+    return mlx_hostfile(backend, [n.name for n in training], cluster.links(), ssh, meet, envs)
+
+
+def mlx_launch_command(cluster: Cluster, job: Job, env: Mapping[str, str]) -> list[str]:
+    """mlx.launch --backend ring, jaccl or jaccl-ring, run on the launcher, to start the job."""
+    head = cluster.head
+    workdir = job.workdir or head.work_dir
+    hosts = (f"{workdir}/{JACCL_HOSTS_FILE}" if job.backend != "ring" else
+             f"{workdir}/{job.ring_hosts_file}" if job.ring_hosts_file
+             else f"{head.cluster_root}/hosts.json")
+    cmd = [f"{head.venv}/bin/mlx.launch", "--backend", job.backend, "--hostfile", hosts,
+           "--cwd", workdir,
+           # mlx.launch can only pass fixed values, but each rank needs what its own env.sh sets
+           # (the venv first on PATH, OpenBLAS preloaded): so every rank runs bash, which sources
+           # env.sh and then execs the venv's python.
+           "--python", "bash"]
+    for name, value in env.items():
+        cmd += ["--env", f"{name}={value}"]
+    # The program's own "python" is bash's $0.
+    return [*cmd, "--", "-c", f'. {shlex.quote(str(head.env_file))} && exec python "$@"',
+            *job.program]
+
+
+def command(cluster: Cluster, job: Job) -> list[str]:
+    """The controller's command that starts `job` on every rank of `cluster` from its launcher."""
+    head = cluster.head
+    env = rank_env(cluster, job)
+    workdir = job.workdir or head.work_dir
+    prefix = ""
+    if job.backend == "mpi":
+        argv = mpirun_command(cluster, job, env)
+    elif job.backend in MLX_BACKENDS:
+        argv = mlx_launch_command(cluster, job, env)
+        # A hosts file of this layout's own, written where mlx.launch reads it.
+        written = ((ring_hosts(cluster, job.mlx_envs), job.ring_hosts_file) if job.backend == "ring"
+                   else (jaccl_hosts(cluster, job.backend, job.mlx_envs), JACCL_HOSTS_FILE))
+        if written[1]:
+            content = shlex.quote(json.dumps(written[0]))
+            prefix = f"printf '%s\\n' {content} > {shlex.quote(f'{workdir}/{written[1]}')} && "
+    elif job.backend == "direct":
+        argv = ["env", *(f"{k}={v}" for k, v in sorted(env.items())),
+                *_venv_python(cluster, job.program)]
+    else:
+        raise UserError(f"unknown backend {job.backend!r}: choose from {', '.join(BACKENDS)}")
+    line = remote.shell_line(head, argv, workdir=workdir)
+    return remote.ssh_command(head, prefix + line, tty=job.interactive)
+
+
+def stop_command(cluster: Cluster, marker: str) -> list[str]:
+    """Stops a job's launcher (and with it every rank): the processes whose command line holds
+    `marker` (a run's directory, a benchmark's tag)."""
+    if not _MARKER.match(marker):
+        raise ValueError(f"marker {marker!r}: letters, digits, dashes, dots and slashes only")
+    pattern = f"(mpirun|mlx\\.launch|python) .*{marker}"
+    return remote.ssh_command(cluster.head, f"pkill -TERM -f {shlex.quote(pattern)}")
+
+
+def stop(cluster: Cluster, marker: str) -> None:
+    """Stop a job on the launcher. Needed when ssh had no tty (output piped, CI, a timeout): then
+    closing ssh does not hang up the remote side, and the launcher would run on unattended."""
+    if not remote.run_quietly(cluster.head, stop_command(cluster, marker)[-1]):
+        print(f"warning: could not reach {cluster.head.name} to stop {marker} there: check for "
+              "its processes (invoke doctor)", flush=True)
+
+
+# --- what a failed launch says ---------------------------------------------------------------------
+
+_SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
+_FIRST_FAILED = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]\s*Exit code:\s*(\d+)")
+_RING_EXIT = re.compile(r"Node with rank (\d+) exited with code (-?\d+)")  # mlx.launch; -N: signal N
+_RANK_ERROR = re.compile(r"^rank (\d+): (?:error: )?(.+)$", re.MULTILINE)
+_LAST_STEP = re.compile(r"iter\s+(\d+)/(\d+)\s+loss")
+
+
+def _which_rank(cluster: Cluster, output: str) -> str | None:
+    if match := _SIGNALLED.search(output):
+        by_ip = {n.thunderbolt_ip: n.name for n in cluster.nodes}
+        return (f"rank {match[1]} on {by_ip.get(match[2], match[2])} was killed by signal "
+                f"{match[3]}")
+    exited = "rank {rank} on {node} exited with status {detail}"
+    for pattern, template in ((_FIRST_FAILED, exited), (_RING_EXIT, exited),
+                              (_RANK_ERROR, "rank {rank} on {node}: {detail}")):
+        if match := pattern.search(output):
+            rank = int(match[1])
+            return template.format(rank=rank, node=cluster.node_of_rank(rank), detail=match[2])
+    return None
+
+
+def killed(output: str, code: int | None = None) -> bool:
+    """Whether a rank was killed by SIGKILL: what the kernel's out-of-memory killer sends (and
+    macOS's, jetsam). One process run directly exits 137 (128 + 9) through the shell."""
+    signalled = [m[3] for m in _SIGNALLED.finditer(output)] + [m[2] for m in _RING_EXIT.finditer(output)]
+    return "9" in signalled or "-9" in signalled or code in (137, -9)
+
+
+def out_of_memory_hint(parallel: str, sure: bool = False) -> str:
+    fix = ("--parallel tensor splits the model across the nodes, each holding a shard of it"
+           if parallel != "tensor" else "more nodes give each a smaller shard of the model")
+    why = "" if sure else "a rank killed with SIGKILL is most often out of memory: "
+    return (f"{why}{fix}; a smaller batch_size or max_micro_batch, or grad_checkpoint, shrink the "
+            "activations")
+
+
+def describe_failure(cluster: Cluster, output: str, code: int | None = None, parallel: str = "data",
+                     out_of_memory: Sequence[str] = ()) -> str:
+    """What a failed training launch's output says: which rank on which node, the last step, and
+    what to do when the nodes `out_of_memory` ran out of it (their kernel's count of out-of-memory
+    kills rose), or a rank was killed as the out-of-memory killer kills."""
+    parts = [part] if (part := _which_rank(cluster, output)) else []
+    steps = _LAST_STEP.findall(output)
+    parts.append(f"last step reported: {steps[-1][0]} of {steps[-1][1]}" if steps
+                 else "no step was reported")
+    if out_of_memory:
+        parts.append(f"out of memory: the kernel's out-of-memory killer ended a process on "
+                     f"{', '.join(out_of_memory)} during the run; {out_of_memory_hint(parallel, sure=True)}")
+    elif killed(output, code):
+        parts.append(out_of_memory_hint(parallel))
+    return "; ".join(parts)
+
+
+# Lines of a failed launch's output that say why (the rest is mpirun's and mlx.launch's boilerplate).
+_CAUSE = re.compile(r"rank \d+: error|^ssh: |Node with rank \d+ exited|Error: |ORTE was unable|"
+                    r"exited on signal|Process name:|Exit code:")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def failure_report(cluster: Cluster, backend: str, code: int | None, output: str,
+                   inventory: str) -> str:
+    """What to tell the user when a program's launch failed: how, the lines that say why, which
+    node each rank was, and what to run next."""
+    what = "timed out (raise --timeout if it was still making progress)" if code is None else (
+        f"exited {code}" if code else "exited 0 but rank 0 printed no result")
+    lines = [_ANSI.sub("", line).strip() for line in output.splitlines()]
+    causes = list(dict.fromkeys(line for line in lines if _CAUSE.search(line)))[-8:]
+    shown = "\n".join(f"  {line}" for line in causes) or "  (see the output above)"
+    ranks = ", ".join(f"{rank} {name}" for rank, name in enumerate(cluster.rank_nodes()))
+    return (f"the {backend} launch {what}:\n{shown}\n" + (f"ranks: {ranks}\n" if ranks else "")
+            + f"check the cluster with: invoke doctor -i {inventory}")

@@ -1,0 +1,122 @@
+"""A launch's output passed through as it comes, and the launch stopped when it must be.
+
+`relay` runs the controller's launch command (ssh to the launcher) and copies its output to this
+terminal as it arrives, progress bars included, keeping the tail from which a failure is described.
+It notices a rank that reported a stall (training/loop/watchdog.py), can give up after a timeout, can
+hold back lines a benchmark prints for the controller, and can time-stamp lines as they arrive.
+`supervise` adds what every caller needs: the job is stopped on its launcher (every rank with it)
+after a stall, a timeout or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from mlxcluster.describe.cluster import Cluster
+from mlxcluster.launch import builder
+from mlxcluster.paths import REPO
+
+# What a rank's watchdog prints when it stops itself (training/loop/watchdog.py).
+STALL_MESSAGE = b"error: no progress for"
+# How long the launcher gets to exit after a rank stalled. mpirun waits for ever for the node
+# daemon of a node that dropped off the link, so then the run is stopped from here.
+STALL_GRACE = 10.0
+
+
+@dataclass
+class Relayed:
+    code: int | None  # the launch command's exit status; None: it timed out and was killed
+    output: str  # the tail of everything it printed (stdout and stderr)
+    held_back: list[str] = field(default_factory=list)  # whole lines holding `hide`
+    stamped: list[tuple[float, str]] = field(default_factory=list)  # (time.monotonic(), line)
+
+
+@dataclass
+class _Stream:
+    keep: int
+    hide: bytes | None
+    stamp: bool
+    tail: bytes = b""
+    pending: bytes = b""  # the start of a line not yet complete
+    relayed: Relayed = field(default_factory=lambda: Relayed(None, ""))
+
+    def take(self, chunk: bytes, out: object) -> None:
+        """Pass `chunk` on to `out` (a binary file) and remember what is needed of it."""
+        self.tail = (self.tail + chunk)[-self.keep:]
+        if self.hide is None and not self.stamp:
+            out.write(chunk)  # type: ignore[attr-defined]
+            return
+        now = time.monotonic()
+        *lines, self.pending = (self.pending + chunk).split(b"\n")
+        shown = []
+        for raw in lines:
+            line = raw.decode(errors="replace")
+            if self.stamp:
+                self.relayed.stamped.append((now, line))
+            if self.hide is not None and self.hide in raw:
+                self.relayed.held_back.append(line)
+            else:
+                shown.append(raw + b"\n")
+        out.write(b"".join(shown) if self.hide is not None else chunk)  # type: ignore[attr-defined]
+
+
+def relay(cmd: Sequence[str], *, keep: int = 1 << 16, on_stall: Callable[[], None] | None = None,
+          timeout: float | None = None, hide: str | None = None, stamp: bool = False,
+          stdin: int | None = None) -> Relayed:
+    """Run `cmd` with its output passed through as it comes.
+
+    on_stall is called once if a rank reported a stall and cmd is still running STALL_GRACE
+    seconds later; after `timeout` seconds cmd is killed (code None). Lines holding `hide` are
+    not shown but returned; with `stamp`, every line is returned with the time it arrived.
+    stdin: the command's (default: this one's, so that ssh -tt passes Ctrl-C on at a terminal).
+    """
+    stream = _Stream(keep, hide.encode() if hide else None, stamp)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    out = sys.stdout.buffer
+    stalled_at: float | None = None
+    timed_out = False
+    with subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          stdin=stdin) as proc:
+        assert proc.stdout is not None
+        while deadline is None or time.monotonic() < deadline:
+            if select.select([proc.stdout], [], [], 1.0)[0]:
+                if not (chunk := proc.stdout.read1(4096)):
+                    break
+                if stalled_at is None and STALL_MESSAGE in stream.tail[-len(STALL_MESSAGE):] + chunk:
+                    stalled_at = time.monotonic()
+                stream.take(chunk, out)
+                out.flush()
+            if stalled_at is not None and on_stall and time.monotonic() - stalled_at > STALL_GRACE:
+                on_stall()
+                on_stall = None
+        else:  # the deadline passed before the output ended
+            proc.kill()
+            timed_out = True
+        code = proc.wait()
+    stream.relayed.code = None if timed_out else code
+    stream.relayed.output = stream.tail.decode(errors="replace")
+    return stream.relayed
+
+
+def supervise(cluster: Cluster, cmd: Sequence[str], marker: str, **options: object) -> Relayed:
+    """`relay` a job's launch command; the job is stopped on its launcher (`marker` names its
+    processes) after a stall, on a timeout, and on Ctrl-C, which is then raised again."""
+
+    def stop_stalled() -> None:
+        print(f"==> a rank stalled and the launcher has not exited after {STALL_GRACE:.0f} s: "
+              f"stopping {marker} on {cluster.head.name}", flush=True)
+        builder.stop(cluster, marker)
+
+    try:
+        relayed = relay(cmd, on_stall=stop_stalled, **options)  # type: ignore[arg-type]
+    except KeyboardInterrupt:
+        builder.stop(cluster, marker)
+        raise
+    if relayed.code is None:
+        builder.stop(cluster, marker)
+    return relayed

@@ -1,0 +1,119 @@
+"""The model that provisioning installs on every node: fetched once into the controller's cache.
+
+The Ansible `model` role (roles/model) runs `python -m mlxcluster.provision.model_store ensure ...` on the
+controller. It fetches `cluster_model` with training/model/folder.py's fetch (which writes the sha256
+manifest) unless the cache already holds it: same source, dtype and dequantizing, and for a local
+directory nothing in it newer than the cached copy. It prints what the role needs as one JSON
+object: the copy's path and name, its size and its manifest's digest. A second run fetches nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from mlxcluster.errors import UserError
+from mlxcluster.paths import MODELS, PLAIN_NAME, REPO
+from mlxcluster.provision import inputs
+from training.model.manifest import MANIFEST, manifest_sha256, model_files, read_manifest
+
+DTYPES = ("auto", "float16", "bfloat16", "float32")
+
+
+def policy(dtype: str, linux_trains: bool) -> tuple[str, bool]:
+    """The dtype and whether quantized weights are dequantized. `auto`: float16 when only Macs
+    train, float32 as soon as a Linux node does; a Linux node also gets quantized weights
+    dequantized (16-bit and 4-bit matmuls are slow on Linux CPUs)."""
+    if dtype not in DTYPES:
+        raise UserError(f"cluster_model_dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+    if dtype == "auto":
+        dtype = inputs.dtype_for(["Debian"] if linux_trains else ["Darwin"])
+    return dtype, linux_trains
+
+
+def normalized_source(source: str) -> str:
+    """A local directory as an absolute path (relative ones are the repository's); other sources
+    (the embedded default, a Hugging Face repo id) as they are."""
+    if source != inputs.DEFAULT_MODEL and (path := REPO / source).is_dir():
+        return str(path.resolve())
+    return source
+
+
+def cache_dir(source: str, dtype: str, into: Path = MODELS) -> Path:
+    """Where the controller keeps the model: models/smollm2-135m-<dtype> or models/<name>."""
+    if source == inputs.DEFAULT_MODEL:
+        return into / inputs.default_model_dir(dtype).name
+    name = Path(source.rstrip("/")).name
+    # The nodes' copy is models/<name>, in rsync remote paths. (Hugging Face repo names are plain
+    # already; anything else that is not a folder fails to fetch, with its own message.)
+    if Path(source).is_dir() and not PLAIN_NAME.fullmatch(name):
+        raise UserError(f"cluster_model {source!r}: its name {name!r} cannot be a folder name on the "
+                        "nodes; use a model folder or repo whose name has letters, digits and "
+                        ". _ - + @ = , only")
+    return into / name
+
+
+def is_cached(copy: Path, source: str, dtype: str, dequantize: bool) -> bool:
+    manifest = read_manifest(copy)
+    if manifest is None or (manifest.get("source"), manifest.get("dtype"), manifest.get("dequantize")) != (
+            source, dtype, str(dequantize).lower()):
+        return False
+    if Path(source).is_dir():  # a local directory edited since: fetch it again
+        fetched = (copy / MANIFEST).stat().st_mtime
+        return all(p.stat().st_mtime <= fetched for p in Path(source).iterdir() if p.is_file())
+    return True
+
+
+def ensure(source: str, dtype: str = "auto", *, linux_trains: bool, into: Path = MODELS,
+           check: bool = False) -> dict[str, Any]:
+    """The model in the controller's cache, fetched when it is not there (not with `check`)."""
+    source = normalized_source(source)
+    dtype, dequantize = policy(dtype, linux_trains)
+    copy = cache_dir(source, dtype, Path(into))
+    changed = not is_cached(copy, source, dtype, dequantize)
+    if changed and not check:
+        from training.model.folder import fetch
+        from training.model.gguf import FetchError
+
+        try:
+            with contextlib.redirect_stdout(sys.stderr):  # stdout is the JSON answer
+                fetch(source, copy, dtype, dequantize=dequantize)
+        except FetchError as e:
+            raise UserError(f"cluster_model {source!r}: {e}") from None
+    present = copy.is_dir()
+    return {"changed": changed, "path": str(copy), "name": copy.name, "source": source,
+            "dtype": dtype, "manifest_sha256": manifest_sha256(copy) if present else None,
+            "bytes": sum(p.stat().st_size for p in model_files(copy)) if present else 0}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mlxcluster.provision.model_store",
+                                     description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    cmd = commands.add_parser("ensure", help="fetch the model into the cache unless it is there")
+    cmd.add_argument("--source", default=inputs.DEFAULT_MODEL,
+                     help="smollm2 (default), a local model directory or a Hugging Face repo id")
+    cmd.add_argument("--dtype", default="auto", help=f"one of {', '.join(DTYPES)}")
+    cmd.add_argument("--linux", action=argparse.BooleanOptionalAction, default=False,
+                     help="a Linux node trains (dtype auto is then float32, quantized models are "
+                          "dequantized)")
+    cmd.add_argument("--into", type=Path, default=MODELS, help="the cache directory (models/)")
+    cmd.add_argument("--check", action="store_true", help="say whether it would fetch; fetch nothing")
+    args = parser.parse_args(argv)
+    try:
+        found = ensure(args.source, args.dtype, linux_trains=args.linux, into=args.into,
+                       check=args.check)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(found))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""What links mode gives each node (mlxcluster/describe/topology.py, record.py, cluster.py and the
+thunderbolt role's filters): its ports, its address on the link, rank order, the ring hostfile,
+and the record the launch code and doctor read."""
+
+from __future__ import annotations
+
+import pytest
+
+from filter_plugins.thunderbolt import (
+    thunderbolt_persist_files,
+    thunderbolt_ping_targets,
+    thunderbolt_stale_addresses,
+)
+from mlxcluster.describe import topology
+from mlxcluster.describe.cluster import Cluster
+from mlxcluster.describe.record import cables_of
+
+# A ring of four: node1 and node3 share no cable, nor do node2 and node4.
+RING4 = [["node1:en2", "node2:en2"], ["node2:en3", "node3:en2"], ["node3:en3", "node4:en2"],
+         ["node4:en3", "node1:en3"]]
+HOSTS = ["node1", "node2", "node3", "node4"]
+
+
+def view(links=RING4, **extra) -> dict:
+    return {h: {"thunderbolt_links": links, "thunderbolt_link_pool": "10.78.5.0/24",
+                "ansible_host": f"10.77.5.{10 + i}", "mpi_slots": 1, **extra}
+            for i, h in enumerate(HOSTS, 1)}
+
+
+def test_each_node_gets_one_port_per_cable_end_with_its_far_end_to_ping():
+    ports = topology.ports_of("node1", HOSTS, view())
+    assert ports == [
+        {"interface": "en2", "address": "10.78.5.1", "prefix": 30, "cable": "node1:en2 <-> node2:en2",
+         "pool": "10.78.5.0/24", "peers": {"node2": "10.78.5.2"},
+         "routes": [{"to": "10.78.5.5", "via": "10.78.5.2"}]},
+        {"interface": "en3", "address": "10.78.5.14", "prefix": 30, "cable": "node4:en3 <-> node1:en3",
+         "pool": "10.78.5.0/24", "peers": {"node4": "10.78.5.13"},
+         "routes": [{"to": "10.78.5.10", "via": "10.78.5.13"}]}]
+    targets = thunderbolt_ping_targets(ports, "node1", ["node1", "node2"])  # node4 is down
+    assert targets == [{"address": "10.78.5.2", "label": "node1:en2 <-> node2:en2"}]
+
+
+def test_a_node_is_known_by_its_end_of_a_cable_to_the_launcher_and_copied_to_across_it():
+    v = view()
+    assert [topology.contact_address(h, HOSTS, "node1", v) for h in HOSTS] == [
+        "10.78.5.1", "10.78.5.2", "10.78.5.6", "10.78.5.13"]
+    # node3 shares no cable with the launcher: the model reaches it over the management network.
+    assert [topology.reach_from_launcher(h, HOSTS, "node1", v) for h in HOSTS[1:]] == [
+        "10.78.5.2", "10.77.5.13", "10.78.5.13"]
+    assert topology.link_of("node4", HOSTS, "node1", v) == {
+        "thunderbolt_ip": "10.78.5.13", "thunderbolt_interface": "en3", "thunderbolt_prefix": 30,
+        "thunderbolt_link_pool": "10.78.5.0/24"}
+
+
+def test_ranks_follow_the_ring_so_each_ranks_neighbours_are_its_cables():
+    # Listed node1..node4 but cabled 1-3-2-4-1: ranks go round the cables, 0-slot nodes last.
+    crossed = [["node1:en2", "node3:en2"], ["node3:en3", "node2:en2"], ["node2:en3", "node4:en2"],
+               ["node4:en3", "node1:en3"]]
+    v = view(crossed)
+    assert topology.rank_order(HOSTS, "node1", v) == ["node1", "node3", "node2", "node4"]
+    v["node3"]["mpi_slots"] = 0
+    assert topology.rank_order(HOSTS, "node1", v)[-1] == "node3"
+    hostfile = topology.links_hostfile(HOSTS, "node1", view(crossed))
+    assert [h["ssh"] for h in hostfile["hosts"]] == ["10.78.5.1", "10.78.5.2", "10.77.5.12", "10.78.5.13"]
+    assert [h["ips"] for h in hostfile["hosts"]] == [["10.78.5.14"], ["10.78.5.2"], ["10.78.5.6"],
+                                                     ["10.78.5.10"]]
+
+
+def test_the_record_keeps_the_cables_and_the_launch_code_reads_them_back():
+    cables = cables_of({"cluster": HOSTS, "launcher": ["node1"]}, view())
+    assert cables[1] == {"ends": [{"host": "node2", "interface": "en3", "address": "10.78.5.5"},
+                                  {"host": "node3", "interface": "en2", "address": "10.78.5.6"}],
+                         "network": "10.78.5.4/30"}
+    nodes = [{"name": h, "thunderbolt_ip": topology.contact_address(h, HOSTS, "node1", view()),
+              "slots": 1} for h in HOSTS]
+    cluster = Cluster.from_json({"launcher": "node1", "nodes": nodes, "cables": cables})
+    node2, node3 = cluster.node("node2"), cluster.node("node3")
+    assert cluster.address_towards(node3, node2) == "10.78.5.5"  # across their own cable
+    assert [p.label for p in cluster.ports_of(node3)] == [
+        "interface en2 (cable node2:en3 <-> node3:en2)", "interface en3 (cable node3:en3 <-> node4:en2)"]
+    assert cluster.first_nodes(2).cables == cluster.cables
+    assert cables_of({"cluster": ["a"], "launcher": ["a"]}, {"a": {"thunderbolt_ip": "10.0.0.1"}}) == []
+
+
+@pytest.mark.parametrize("backend, kept, written", [
+    ("networkd", [], ["/etc/systemd/network/50-mlx-thunderbolt-en2.network"]),
+    ("networkmanager", [], ["/etc/NetworkManager/system-connections/mlx-thunderbolt-en2.nmconnection"]),
+])
+def test_each_port_gets_its_own_boot_file_and_the_roles_other_files_go(backend, kept, written):
+    [port] = topology.ports_of("node2", HOSTS, view())[:1]
+    existing = ["/etc/systemd/network/50-mlx-thunderbolt.network",  # the bridge's, before links
+                "/etc/systemd/network/50-mlx-thunderbolt-en2.network",
+                "/etc/NetworkManager/system-connections/mlx-thunderbolt-en9.nmconnection"]
+    files = thunderbolt_persist_files([port], {"en2": "text"}, backend, existing)
+    assert [f["path"] for f in files if f.get("state") != "absent"] == written
+    assert sorted(f["path"] for f in files if f.get("state") == "absent") == sorted(
+        set(existing) - set(written))
+
+
+def test_a_ports_address_under_another_prefix_is_stale():
+    ports = [{"interface": "en2", "address": "10.78.5.1", "prefix": 30}]
+    now = {"en2": {"addr_info": [{"family": "inet", "local": "10.78.5.1", "prefixlen": 24},
+                                 {"family": "inet", "local": "10.9.9.9", "prefixlen": 24}]}}
+    assert thunderbolt_stale_addresses(ports, now) == [
+        {"interface": "en2", "local": "10.78.5.1", "prefixlen": 24}]
+
+
+def test_links_mode_trains_with_ring_by_default_and_refuses_mpi_off_a_full_mesh():
+    from mlxcluster.errors import UserError
+    from mlxcluster.launch import builder
+
+    nodes = [{"name": h, "thunderbolt_ip": topology.contact_address(h, HOSTS, "node1", view()),
+              "slots": 1} for h in HOSTS]
+    cluster = Cluster.from_json({"launcher": "node1", "nodes": nodes,
+                                 "cables": cables_of({"cluster": HOSTS, "launcher": ["node1"]}, view())})
+    assert builder.backend_for(cluster, None) == "ring"
+    with pytest.raises(UserError, match="the mpi backend cannot run on this cabling"):
+        builder.backend_for(cluster, "mpi")  # a ring of four: node1 and node3 share no cable
+    bridge = Cluster.from_json({"launcher": "node1", "nodes": nodes})
+    assert builder.backend_for(bridge, None) == "mpi"
+
+
+def test_a_launch_writes_the_same_ring_hosts_file_provisioning_renders():
+    from mlxcluster.launch import builder
+
+    hosts = topology.rank_order(HOSTS, "node1", view())
+    nodes = [{"name": h, "thunderbolt_ip": topology.contact_address(h, HOSTS, "node1", view()), "slots": 1,
+              "connection": {"host": view()[h]["ansible_host"]}} for h in hosts]
+    cluster = Cluster.from_json({"launcher": "node1", "nodes": nodes,
+                                 "cables": cables_of({"cluster": HOSTS, "launcher": ["node1"]}, view())})
+    assert builder.ring_hosts(cluster, ["A=1"]) == topology.links_hostfile(HOSTS, "node1", view(), ["A=1"])
+
+
+def test_routes_to_a_neighbours_other_addresses_are_added_once_and_stale_ones_removed():
+    from filter_plugins.thunderbolt import thunderbolt_missing_routes, thunderbolt_stale_routes
+
+    ports = topology.ports_of("node1", HOSTS, view())
+    # As `ip -j -4 route show` lists them: the /30s, one wanted route there already, one stale
+    # (a cable gone), and routes that are not the role's (a default route, another interface's).
+    now = [{"dst": "10.78.5.0/30", "dev": "en2", "protocol": "kernel", "scope": "link"},
+           {"dst": "10.78.5.5", "gateway": "10.78.5.2", "dev": "en2"},
+           {"dst": "10.78.5.21", "gateway": "10.78.5.13", "dev": "en3"},
+           {"dst": "default", "gateway": "10.77.5.1", "dev": "eth0"},
+           {"dst": "10.9.9.9", "gateway": "10.77.5.1", "dev": "eth0"}]
+    assert thunderbolt_missing_routes(ports, now) == [
+        {"to": "10.78.5.10", "via": "10.78.5.13", "interface": "en3"}]
+    assert thunderbolt_stale_routes(ports, now) == [
+        {"to": "10.78.5.21", "via": "10.78.5.13", "interface": "en3"}]
+    # On a bridge there are none to add, and nothing is ever removed.
+    bridge = [{"interface": "bridge0", "address": "10.0.0.1", "prefix": 24, "cable": None, "peers": {}}]
+    assert thunderbolt_missing_routes(bridge, now) == thunderbolt_stale_routes(bridge, now) == []
+
+
+def test_the_pools_addresses_off_the_cable_ports_are_strays_to_remove():
+    from filter_plugins.thunderbolt import thunderbolt_stray_addresses
+
+    ports = topology.ports_of("node1", HOSTS, view())
+    assert {p["pool"] for p in ports} == {"10.78.5.0/24"}
+    # As `ip -j addr show` lists them, after a move from bridge to links: the bridge keeps its
+    # address in the pool until a reboot. The ports' own, loopback, other networks and the
+    # address Ansible reaches the node at stay.
+    now = [{"ifname": "lo", "link_type": "loopback",
+            "addr_info": [{"family": "inet", "local": "127.0.0.1", "prefixlen": 8}]},
+           {"ifname": "eth0", "link_type": "ether",
+            "addr_info": [{"family": "inet", "local": "10.77.5.11", "prefixlen": 24},
+                          {"family": "inet6", "local": "fe80::1", "prefixlen": 64}]},
+           {"ifname": "bridge0", "link_type": "ether",
+            "addr_info": [{"family": "inet", "local": "10.78.5.11", "prefixlen": 24},
+                          {"family": "inet", "local": "10.9.9.9", "prefixlen": 24}]},
+           {"ifname": "en2", "link_type": "ether",
+            "addr_info": [{"family": "inet", "local": "10.78.5.1", "prefixlen": 30}]},
+           {"ifname": "usb0", "link_type": "ether",
+            "addr_info": [{"family": "inet", "local": "10.78.5.200", "prefixlen": 24}]}]
+    assert thunderbolt_stray_addresses(ports, now, "10.78.5.200") == [
+        {"interface": "bridge0", "local": "10.78.5.11", "prefixlen": 24}]
+    assert thunderbolt_stray_addresses(ports, now) == [
+        {"interface": "bridge0", "local": "10.78.5.11", "prefixlen": 24},
+        {"interface": "usb0", "local": "10.78.5.200", "prefixlen": 24}]
+    # On a bridge there is no pool: nothing is a stray.
+    bridge = [{"interface": "bridge0", "address": "10.0.0.1", "prefix": 24, "cable": None, "peers": {}}]
+    assert thunderbolt_stray_addresses(bridge, now) == []

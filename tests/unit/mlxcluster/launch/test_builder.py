@@ -1,0 +1,210 @@
+"""The launch command lines (mlxcluster/launch/builder.py), built from the layout provisioning records
+(mlxcluster/describe/cluster.py), and how the controller reaches a node (mlxcluster/launch/remote.py)."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from mlxcluster.describe.cluster import Cluster, NotReady, check_ready
+from mlxcluster.errors import UserError
+from mlxcluster.launch import builder
+from mlxcluster.launch.builder import Job, describe_failure, mpirun_command
+from mlxcluster.launch.remote import rsync_ssh, shell_line, ssh_command
+
+
+def layout(os_family: str = "Debian", **overrides) -> Cluster:
+    def node(name, ip, slots, **extra):
+        return {"name": name, "thunderbolt_ip": ip, "slots": slots, "os_family": os_family,
+                "thunderbolt_interface": "bridge0", "cluster_root": "/opt/mlx-cluster",
+                "venv": "/opt/mlx-cluster/venv", "env_file": "/opt/mlx-cluster/env.sh",
+                "openmpi_prefix": "/usr" if os_family == "Debian" else "/opt/homebrew",
+                "reachable": True,
+                "connection": {"type": "ssh", "host": f"{name}.mgmt", "user": "mlx",
+                               "private_key_file": "/keys/id", "ssh_common_args":
+                               "-o UserKnownHostsFile=/keys/known_hosts"}, **extra}
+    nodes = [node("node1", "10.0.0.1", 2), node("node2", "10.0.0.2", 1),
+             node("spare", "10.0.0.3", 0)]
+    for n in nodes:
+        n.update(overrides.get(n["name"], {}))
+    return Cluster.from_json({"launcher": "node1", "nodes": nodes})
+
+
+def test_mpirun_uses_the_hostfile_all_slots_and_pins_the_cluster_link():
+    cmd = mpirun_command(layout(), Job(["python", "-m", "training.finetune"], btl_tcp_links=2),
+                         {"OPENBLAS_NUM_THREADS": "1"})
+    assert cmd == [
+        "/usr/bin/mpirun", "--hostfile", "/opt/mlx-cluster/hostfile", "-np", "3", "--bind-to", "none",
+        "--mca", "btl_tcp_if_include", "bridge0", "--mca", "oob_tcp_if_include", "bridge0",
+        "--mca", "btl_tcp_links", "2", "--mca", "plm_rsh_args", "-o BatchMode=yes",
+        "-x", "PATH", "-x", "VIRTUAL_ENV", "-x", "LD_PRELOAD",
+        "-x", "OPENBLAS_NUM_THREADS=1", "--wdir", "/opt/mlx-cluster/work",
+        "/opt/mlx-cluster/venv/bin/python", "-m", "training.finetune"]
+
+
+def test_mpirun_on_macs_points_orted_at_homebrew_and_exports_dyld_path():
+    cmd = mpirun_command(layout("Darwin"), Job(["python"], interface="en5"), {})
+    assert cmd[0] == "/opt/homebrew/bin/mpirun"
+    assert cmd[cmd.index("--prefix") + 1] == "/opt/homebrew"
+    assert cmd[cmd.index("btl_tcp_if_include") + 1] == "en5"
+    assert "DYLD_LIBRARY_PATH" in cmd and "LD_PRELOAD" not in cmd
+
+
+def test_root_needs_an_explicit_allowance():
+    as_root = layout(node1={"connection": {"type": "ssh", "host": "node1.mgmt", "user": "root"}})
+    assert "--allow-run-as-root" in mpirun_command(as_root, Job(["x"]), {})
+    assert "--allow-run-as-root" not in mpirun_command(layout(), Job(["x"]), {})
+
+
+def test_the_launcher_line_sources_the_env_file_first():
+    line = shell_line(layout().head, ["mpirun", "-np", "3", "hostname"], workdir="/opt/w d")
+    assert line == ". /opt/mlx-cluster/env.sh && cd '/opt/w d' && mpirun -np 3 hostname"
+
+
+def test_ssh_reaches_the_launcher_like_ansible_does():
+    cluster = layout()
+    assert ssh_command(cluster.head, "true") == [
+        "ssh", "-o", "BatchMode=yes", "-i", "/keys/id",
+        "-o", "UserKnownHostsFile=/keys/known_hosts", "mlx@node1.mgmt", "true"]
+    assert rsync_ssh(cluster.head) == ("ssh -o BatchMode=yes -i /keys/id "
+                                       "-o UserKnownHostsFile=/keys/known_hosts")
+    local = layout(node1={"connection": {"type": "local"}})
+    assert ssh_command(local.head, "true") == ["bash", "-c", "true"]
+
+
+def test_check_ready_names_what_to_fix():
+    cluster = layout()
+    check_ready(cluster, "# header\n10.0.0.1 slots=2\n10.0.0.2 slots=1\n")
+    with pytest.raises(NotReady, match="does not match the inventory"):
+        check_ready(cluster, "10.0.0.1 slots=2\n")
+    with pytest.raises(NotReady, match="node2 could not be reached"):
+        check_ready(layout(node2={"reachable": False}), "10.0.0.1 slots=2\n10.0.0.2 slots=1\n")
+
+
+def test_ranks_fill_the_hostfile_in_order():
+    assert layout().rank_nodes() == ["node1", "node1", "node2"]
+
+
+KILLED = """iter  5/100  loss 2.1
+iter 10/100  loss 1.9
+--------------------------------------------------------------------------
+mpirun noticed that process rank 2 with PID 0 on node 10.0.0.2 exited on signal 9 (Killed).
+--------------------------------------------------------------------------
+"""
+
+EXITED = """iter 10/40  loss 1.9
+Primary job  terminated normally, but 1 process returned
+a non-zero exit code. Per user-direction, the job has been aborted.
+--------------------------------------------------------------------------
+mpirun detected that one or more processes exited with non-zero status, thus causing
+the job to be terminated. The first process to do so was:
+
+  Process name: [[4711,1],1]
+  Exit code:    1
+"""
+
+CONFIG = "rank 1: error: batch_size 3 is not divisible by the 2 ranks\n"
+
+RING = "iter 20/60  loss 4.2\n\x1b[33m[WARN] Node with rank 1 exited with code 255 \x1b[0m\n"
+
+
+@pytest.mark.parametrize(("output", "description"), [
+    (KILLED, "rank 2 on node2 was killed by signal 9; last step reported: 10 of 100; "
+             "a rank killed with SIGKILL is most often out of memory: --parallel tensor splits the model "
+             "across the nodes, each holding a shard of it; a smaller batch_size or max_micro_batch, or "
+             "grad_checkpoint, shrink the activations"),
+    (EXITED, "rank 1 on node1 exited with status 1; last step reported: 10 of 40"),
+    (CONFIG, "rank 1 on node1: batch_size 3 is not divisible by the 2 ranks; no step was reported"),
+    (RING, "rank 1 on node1 exited with status 255; last step reported: 20 of 60"),
+    ("ssh: connect to host node1.mgmt: No route to host", "no step was reported"),
+])
+def test_a_failed_launch_is_described_by_rank_node_and_last_step(output, description):
+    assert describe_failure(layout(), output) == description
+
+
+def test_a_rank_killed_as_out_of_memory_is_told_to_shard_the_model():
+    ring = "\x1b[33m[WARN] Node with rank 0 exited with code -9 \x1b[0m\n"
+    assert describe_failure(layout(), ring).startswith("rank 0 on node1 exited with status -9")
+    assert "--parallel tensor splits the model" in describe_failure(layout(), ring)
+    # One process run directly: the shell's 137; in tensor parallelism, more nodes.
+    assert "more nodes give each a smaller shard" in describe_failure(layout(), "", 137, "tensor")
+    assert "out of memory" not in describe_failure(layout(), RING, 255)
+    # The node's kernel counted an out-of-memory kill: said for sure, whatever the exit status.
+    told = describe_failure(layout(), RING, 255, "data", ["node1"])
+    assert "out of memory: the kernel's out-of-memory killer ended a process on node1" in told
+    assert "--parallel tensor splits the model" in told and "most often" not in told
+
+
+# --- the one builder --------------------------------------------------------------------------------
+
+
+def words_after(cmd: list[str], marker: str) -> list[str]:
+    line = cmd[-1]
+    return shlex.split(line[line.index(marker):])
+
+
+def test_every_backend_gives_the_ranks_the_same_environment():
+    cluster = layout()
+    job = Job(["python", "-m", "training.finetune"], threads=2)
+    expected = {"HF_HUB_OFFLINE": "1", "TTY_COMPATIBLE": "0", "OPENBLAS_NUM_THREADS": "2"}
+    assert builder.rank_env(cluster, job) == expected
+    mpi = words_after(builder.command(cluster, job), "mpirun")
+    assert {mpi[i + 1] for i, w in enumerate(mpi) if w == "-x" and "=" in mpi[i + 1]} == \
+        {f"{k}={v}" for k, v in expected.items()}
+    ring = words_after(builder.command(cluster, Job(job.program, backend="ring", threads=2)), "/opt")
+    assert {ring[i + 1] for i, w in enumerate(ring) if w == "--env"} == \
+        {f"{k}={v}" for k, v in expected.items()}
+    direct = words_after(builder.command(cluster, Job(job.program, backend="direct", threads=2)), "env ")
+    assert direct[1:4] == sorted(f"{k}={v}" for k, v in expected.items())
+    # At a terminal rank 0 may draw its bar; several slots on a node share its cores.
+    assert builder.rank_env(cluster, Job(["x"], interactive=True)) == {
+        "HF_HUB_OFFLINE": "1", "OPENBLAS_NUM_THREADS": "1"}
+
+
+def test_one_rank_on_the_launcher_runs_without_a_launcher():
+    one = layout().first_nodes(1)
+    assert one.world_size == 2  # node1's two slots
+    assert builder.backend_for(one, None) == "mpi"
+    alone = layout(node1={"slots": 1}).first_nodes(1)
+    assert (builder.backend_for(alone, None), builder.backend_for(alone, "ring")) == ("direct", "ring")
+    with pytest.raises(UserError, match="--backend must be auto, mpi, ring, jaccl, jaccl-ring, not 'nccl'"):
+        builder.backend_for(alone, "nccl")
+
+
+def test_sub_layouts_keep_the_recorded_nodes_and_change_only_slots():
+    cluster = layout()
+    assert cluster.first_nodes(1).hostfile_lines() == ["10.0.0.1 slots=2"]
+    assert cluster.one_rank_per_node().hostfile_lines() == ["10.0.0.1 slots=1", "10.0.0.2 slots=1"]
+    alone = cluster.only(cluster.nodes[1])
+    assert (alone.launcher, alone.world_size, alone.head.connection["host"]) == ("node2", 1, "node2.mgmt")
+
+
+def test_a_layouts_ring_hosts_file_has_one_entry_per_rank_like_the_rendered_one():
+    assert builder.ring_hosts(layout(), ["A=1"]) == {
+        "backend": "ring", "envs": ["A=1"],
+        "hosts": [{"ssh": "10.0.0.1", "ips": ["10.0.0.1"]}, {"ssh": "10.0.0.1", "ips": ["10.0.0.1"]},
+                  {"ssh": "10.0.0.2", "ips": ["10.0.0.2"]}]}
+
+
+def test_the_stop_command_targets_only_this_runs_processes():
+    cmd = builder.stop_command(layout(), "--tag links-20260101-000000")
+    assert cmd[-1] == "pkill -TERM -f '(mpirun|mlx\\.launch|python) .*--tag links-20260101-000000'"
+    assert builder.stop_command(layout(), "runs/20260101-000000")[-1].endswith(".*runs/20260101-000000'")
+    with pytest.raises(ValueError, match="marker"):
+        builder.stop_command(layout(), "x'; reboot")
+
+
+def test_a_failed_launch_report_says_how_why_which_node_and_what_next():
+    tail = ("Traceback (most recent call last):\n  noise\n\x1b[33m[WARN] Node with rank 2 exited "
+            "with code 255 \x1b[0m\nrank 1: error: MLX joined 1 ranks\n")
+    cluster = layout(node1={"slots": 1}, spare={"slots": 1})
+    message = builder.failure_report(cluster, "ring", 0, tail, "inv.yml")
+    assert message.splitlines() == [
+        "the ring launch exited 0 but rank 0 printed no result:",
+        "  [WARN] Node with rank 2 exited with code 255",
+        "  rank 1: error: MLX joined 1 ranks",
+        "ranks: 0 node1, 1 node2, 2 spare",
+        "check the cluster with: invoke doctor -i inv.yml"]
+    assert "timed out (raise --timeout if it was still making progress):\n  (see the output above)" \
+        in builder.failure_report(cluster, "mpi", None, "", "i")

@@ -1,0 +1,122 @@
+"""The controller's run records (mlxcluster/launch/runs.py): which run --resume continues; and the relay
+of a launch's output (mlxcluster/launch/relay.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlxcluster.launch import relay, runs
+
+
+def test_resume_picks_the_latest_unfinished_run_and_refuses_a_finished_one(tmp_path: Path):
+    for run_id, finished in (("20260101-000000", False), ("20260102-000000", False),
+                             ("20260103-000000", True)):
+        (tmp_path / run_id).mkdir()
+        runs.write_info(tmp_path / run_id, {"data": "/d", "model": "/m"})
+        (tmp_path / run_id / "config.yaml").write_text("iters: 10\n")
+        if finished:
+            (tmp_path / run_id / "summary.json").write_text("{}")
+    assert runs.resumable(tmp_path, None)[0] == "20260102-000000"
+    assert runs.resumable(tmp_path, "20260101-000000") == ("20260101-000000", {"data": "/d", "model": "/m"})
+    for bad, message in (("20260103-000000", "finished all its steps: nothing to resume"),
+                         ("20990101-000000", "no run.json in")):
+        with pytest.raises(runs.RunError, match=message):
+            runs.resumable(tmp_path, bad)
+    (tmp_path / "20260102-000000" / "config.yaml").unlink()
+    with pytest.raises(runs.RunError, match="stopped before it started training"):
+        runs.resumable(tmp_path, "20260102-000000")
+
+
+def test_the_resume_hint_names_the_latest_whole_checkpoint(tmp_path: Path):
+    assert runs.resume_hint(tmp_path) == ""
+    for step in ("0000020", "0000040"):
+        (tmp_path / "checkpoints" / step).mkdir(parents=True)
+    whole = tmp_path / "checkpoints" / "0000020"  # as checkpoints were before they had digests
+    (whole / "state.json").write_text('{"step": 20, "random_key": [0, 1]}')
+    for name in ("adapters.safetensors", "optimizer.safetensors"):
+        (whole / name).write_bytes(b"x")
+    (tmp_path / "checkpoints" / ".0000060.partial").mkdir()
+    assert runs.resume_hint(tmp_path) == (
+        f"; its checkpoint at step 20 continues with: invoke train --resume {tmp_path.name}")
+
+
+def test_the_relay_stops_a_launch_that_outlives_a_stalled_rank(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(relay, "STALL_GRACE", 0.5)
+    script = ("import sys, time\n"
+              "print('rank 1: error: no progress for 30 s (allowed 30 s)', flush=True)\n"
+              "time.sleep(30)\n")
+    stopped = []
+    launch = [sys.executable, "-c", script]
+
+    def stop() -> None:
+        stopped.append(True)
+        import subprocess
+
+        subprocess.run(["pkill", "-f", "no progress for 30 s"], check=False)
+
+    relayed = relay.relay(launch, on_stall=stop)
+    assert stopped == [True]
+    assert relayed.code != 0 and "rank 1: error: no progress for 30 s" in relayed.output
+    assert json.dumps(relayed.output)  # the tail is text
+
+
+def test_the_relay_holds_back_marked_lines_stamps_lines_and_gives_up_at_a_timeout(capfd):
+    script = ("import time\n"
+              "print('one', flush=True)\n"
+              "print('RESULT {\"a\": 1}', flush=True)\n"
+              "time.sleep(0.3)\n"
+              "print('two', flush=True)\n")
+    relayed = relay.relay([sys.executable, "-c", script], hide="RESULT ", stamp=True)
+    assert relayed.code == 0
+    assert relayed.held_back == ['RESULT {"a": 1}']
+    assert [line for _, line in relayed.stamped] == ["one", 'RESULT {"a": 1}', "two"]
+    assert relayed.stamped[2][0] - relayed.stamped[0][0] >= 0.25
+    assert capfd.readouterr().out == "one\ntwo\n"  # shown as it came, but for the held-back line
+    slow = relay.relay([sys.executable, "-c", "import time; print('x', flush=True); time.sleep(30)"],
+                       timeout=1.5)
+    assert slow.code is None and slow.output == "x\n"
+
+
+def test_a_damaged_run_record_is_refused_with_what_to_do(tmp_path):
+    from mlxcluster.launch.runs import RunError, read_info, resumable
+
+    run = tmp_path / "runs" / "20261125-000000"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("iters: 5\n")
+    for text, says in (('{"data": "/d/p", "mod', "cannot be read"), ("[1]", "holds no run record"),
+                       ("\xff\xfe", "cannot be read")):
+        (run / "run.json").write_text(text, encoding="latin-1")
+        with pytest.raises(RunError, match=says):
+            read_info(run)
+        with pytest.raises(RunError, match=says):
+            resumable(tmp_path / "runs", run.name)
+    (run / "run.json").write_text('{"model": "/m"}')
+    with pytest.raises(RunError, match="names no data: the run's record is damaged"):
+        runs.recorded_path(run, read_info(run), "data")
+
+
+def test_generate_refuses_a_folder_that_holds_no_adapters_naming_what_it_lacks(tmp_path):
+    from mlxcluster.launch.runs import RunError, adapters_of, model_for
+
+    run = tmp_path / "run"
+    run.mkdir()
+    with pytest.raises(RunError, match=r"no adapter_config\.json"):
+        adapters_of(run)
+    (run / "adapter_config.json").write_text("{}")
+    (run / "adapters.safetensors").symlink_to(tmp_path / "gone.safetensors")  # a broken link
+    with pytest.raises(RunError, match=r"no adapters\.safetensors \(a broken link"):
+        adapters_of(run)
+    (run / "adapters.safetensors").unlink()
+    (run / "adapters.safetensors").write_bytes(b"")
+    with pytest.raises(RunError, match="lacks num_layers and lora_parameters"):
+        adapters_of(run)
+    (run / "adapter_config.json").write_text('{"num_layers": 1, "lora_parameters": {}}')
+    assert adapters_of(run) == run
+    with pytest.raises(RunError, match=r"has no run\.json: pass --model"):
+        model_for(run, None)
+    with pytest.raises(RunError, match=r"is not a model folder: it has no config\.json"):
+        model_for(run, str(run))

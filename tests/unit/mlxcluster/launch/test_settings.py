@@ -1,0 +1,67 @@
+"""The ranks' own settings rules, run on the controller before anything is sent
+(mlxcluster/launch/settings.py): the config file, invoke's flags and --extra alike."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlxcluster.describe.cluster import Cluster
+from mlxcluster.launch import settings
+from mlxcluster.launch.settings import SettingsError
+from tests.unit import fake_inputs
+from tests.unit.mlxcluster.jobs.test_train import lab_layout, plan
+
+CLUSTER = Cluster.from_json(lab_layout())  # two ranks
+
+
+@pytest.mark.parametrize(("config", "says"), [
+    ("iters: -5\n", "invalid settings: iters must be at least 1, got -5"),
+    ("lora_rank: 0\n", "lora_rank must be at least 1, got 0"),
+    ("batch_size: 0\n", "batch_size must be at least 1, got 0"),
+    ("lora_dropout: 2\n", "lora_dropout must be in [0, 1), got 2.0"),
+    ("max_seq_length: 0\n", "max_seq_length must be at least 2, got 0"),
+    ("parallel: pipeline\n", "parallel must be one of data, tensor, got 'pipeline'"),
+    ("batch_size: 1\n", "a global batch of 1 cannot give each of 2 ranks an example"),
+    ("learning_rate: .inf\n", "learning_rate must be a finite number, got inf"),
+    ("iters: 100000000000000000000\n", "iters must be an integer of at most 18 digits"),
+    ("lora_rnk: 8\n", "unknown key 'lora_rnk' (did you mean 'lora_rank'?)"),
+    ("[1, 2]\n", "a config file must hold a mapping"),
+])
+def test_settings_the_ranks_refuse_are_refused_by_the_plan_in_one_line(config, says):
+    file = fake_inputs.config(f"/c/bad-{abs(hash(config))}.yaml", config)
+    with pytest.raises(SettingsError) as refused:
+        plan(CLUSTER, config=str(file))
+    assert says in str(refused.value) and "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    (["--iters", "-5"], "iters must be at least 1, got -5"),
+    (["--batch-size", "1"], "a global batch of 1 cannot give each of 2 ranks an example"),
+    (["--lora-dropout", "2"], "lora_dropout must be in [0, 1)"),
+    (["--iters", "many"], "argument --iters: invalid int value: 'many'"),
+    (["--fine-tune-typ", "dora"], "unknown training flag '--fine-tune-typ'"),
+    (["--lora-rnk", "8"], "unknown training flag '--lora-rnk' (did you mean --lora-rank?)"),
+    (["8"], "a value without its flag '8'"),
+    (["--adapter-path", "/etc"], "--adapter-path cannot be given to a run: a run writes into its own folder"),
+    (["--adapter", "/etc"], "--adapter-path cannot be given to a run"),  # argparse's abbreviation
+    (["--model", "/m"], "--model cannot be given to a run: give the model with invoke train --model"),
+    (["--resume"], "--resume cannot be given to a run"),
+    (["--expected-world-size", "1"], "--expected-world-size cannot be given"),
+    (["--help"], "--help is no training flag"),
+])
+def test_flags_and_extra_the_ranks_refuse_or_that_name_the_runs_folders_are_refused(flags, says):
+    with pytest.raises(SettingsError) as refused:
+        plan(CLUSTER, overrides=tuple(flags))
+    assert says in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_extra_is_split_as_a_shell_would_and_an_unclosed_quote_is_refused():
+    assert settings.split_extra("--learning-rate 2e-4  --num-layers 4") == [
+        "--learning-rate", "2e-4", "--num-layers", "4"]
+    with pytest.raises(SettingsError, match=r"--extra '--seed \"1': No closing quotation"):
+        settings.split_extra('--seed "1')
+
+
+def test_the_settings_the_ranks_accept_are_accepted():
+    the_plan = plan(CLUSTER, overrides=("--iters", "5", "--lora-dropout", "0.1", "--batch-size", "3"))
+    assert the_plan.launch[-1].endswith("--iters 5 --lora-dropout 0.1 --batch-size 3")

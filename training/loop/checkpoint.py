@@ -1,0 +1,150 @@
+"""Checkpoints a fine-tuning run can be resumed from, each written whole or not at all.
+
+    <adapter_path>/checkpoints/0000100/adapters.safetensors   the LoRA weights after step 100
+                                       optimizer.safetensors  Adam's moments, step and learning rate
+                                       state.json             step, tokens, RNG key, the settings
+
+A checkpoint is written into a hidden `.0000100.partial` directory and renamed into place once
+every file is on disk, so a rank or node dying mid-write leaves either the previous checkpoints or
+a complete new one, never a half-written one that `--resume` would load. Files outside
+`checkpoints/` (adapters.safetensors, ...) are replaced the same way: written aside, then renamed.
+
+Only rank 0 writes and reads checkpoints; on resume it sends what it read to the other ranks over
+the run's own distributed group (`broadcast`), so they need no copy of the run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+
+from training.loop.checkpoint_files import ADAPTERS, DIRECTORY, OPTIMIZER, STATE, file_digest, newest_whole
+
+# The settings that change what training computes: a checkpoint only resumes a run with the same.
+# (Reporting, validation and saving intervals, paths of outputs and grad_checkpoint do not.)
+TRAINING_SETTINGS = (
+    "iters",
+    "batch_size",
+    "learning_rate",
+    "lr_schedule",
+    "warmup_steps",
+    "lora_rank",
+    "lora_scale",
+    "lora_dropout",
+    "num_layers",
+    "max_seq_length",
+    "mask_prompt",
+    "seed",
+)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    state: dict[str, Any]
+
+    @property
+    def step(self) -> int:
+        return int(self.state["step"])
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_safetensors(path: Path, arrays: Mapping[str, mx.array]) -> None:
+    """Write `arrays` to `path` atomically: a reader sees the old file or the whole new one."""
+    # mx.save_safetensors appends .safetensors to a name without it: keep the suffix last.
+    partial = path.with_name(f".{path.stem}.partial.safetensors")
+    mx.save_safetensors(str(partial), dict(arrays))
+    _fsync(partial)
+    os.replace(partial, path)
+
+
+def save(
+    adapter_path: Path,
+    step: int,
+    adapters: Mapping[str, mx.array],
+    optimizer_state: Mapping[str, mx.array],
+    state: Mapping[str, Any],
+) -> Path:
+    """Write the checkpoint of `step` under adapter_path/checkpoints; its directory."""
+    root = adapter_path / DIRECTORY
+    final = root / f"{step:07d}"
+    partial = root / f".{step:07d}.partial"
+    shutil.rmtree(partial, ignore_errors=True)  # left by a writer that died
+    partial.mkdir(parents=True)
+    mx.save_safetensors(str(partial / ADAPTERS), dict(adapters))
+    mx.save_safetensors(str(partial / OPTIMIZER), dict(optimizer_state))
+    # The arrays' digests: a resume tells a whole checkpoint from a truncated or overwritten one.
+    files = {name: file_digest(partial / name) for name in (ADAPTERS, OPTIMIZER)}
+    (partial / STATE).write_text(json.dumps({"step": step, **state, "files": files}, indent=2) + "\n")
+    for name in (ADAPTERS, OPTIMIZER, STATE):
+        _fsync(partial / name)
+    if final.exists():
+        # The same step from an earlier attempt of this run (resumed from before it): replaced.
+        stale = root / f".{step:07d}.stale"
+        shutil.rmtree(stale, ignore_errors=True)
+        final.rename(stale)
+        partial.rename(final)
+        shutil.rmtree(stale)
+    else:
+        partial.rename(final)
+    _fsync(root)
+    return final
+
+
+def latest(adapter_path: Path, passed: list[str] | None = None) -> Checkpoint | None:
+    """The newest whole checkpoint under adapter_path (checkpoint_files.newest_whole), or None if
+    there is none; the newer damaged ones passed over are added to `passed`."""
+    path, state, damaged = newest_whole(adapter_path)
+    if passed is not None:
+        passed += damaged
+    return Checkpoint(path, state) if path is not None and state is not None else None
+
+
+def load_arrays(checkpoint: Checkpoint) -> tuple[dict[str, mx.array], dict[str, mx.array]]:
+    """(adapter weights, flat optimizer state) of a checkpoint."""
+    adapters = mx.load(str(checkpoint.path / ADAPTERS))
+    optimizer = mx.load(str(checkpoint.path / OPTIMIZER))
+    assert isinstance(adapters, dict) and isinstance(optimizer, dict)
+    return adapters, optimizer
+
+
+def settings_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """What keeps a checkpoint made with `saved` settings from resuming a run with `current`."""
+    return [
+        f"{key}: the checkpoint was made with {saved.get(key)!r}, this run has {current.get(key)!r}"
+        for key in TRAINING_SETTINGS
+        if saved.get(key) != current.get(key)
+    ]
+
+
+def broadcast(arrays: Mapping[str, mx.array], group: Any) -> dict[str, mx.array]:
+    """Rank 0's `arrays` on every rank. Other ranks pass arrays of the same names, shapes and
+    dtypes (their values are ignored): a sum with zeros from every other rank is an exact copy."""
+    if group.size() == 1:
+        return dict(arrays)
+    mine = group.rank() == 0
+    # In the same order on every rank, whatever order each rank's mapping has (a file's, a model's).
+    out = {
+        name: mx.distributed.all_sum(
+            arrays[name] if mine else mx.zeros(arrays[name].shape, arrays[name].dtype),
+            group=group,
+            stream=mx.cpu,
+        )
+        for name in sorted(arrays)
+    }
+    mx.eval(out)
+    return out

@@ -1,0 +1,2 @@
+"""Tensor parallelism: the model's layers, attention head groups and vocabulary split across ranks.
+"""
