@@ -241,9 +241,9 @@ def lab_status(c, id=None):
                           "off": "Lift the node's limits"})
 def lab_limit(c, node, id=None, cpu=None, memory=None, off=False):
     """Make a lab node slower or smaller (a control group over its processes), like a lesser Mac."""
-    print(limits.set_limits(hosts.Lab(_lab_id(c, id)), _whole(node, "--node", 1, 9) or 1,
-                                flags.number(cpu, "--cpu", 1, 100 * 1024),
-                                limits.parse_memory(memory) if memory else None, off))
+    print(hosts.set_limits(hosts.Lab(_lab_id(c, id)), _whole(node, "--node", 1, 9) or 1,
+                           flags.number(cpu, "--cpu", 1, 100 * 1024),
+                           limits.parse_memory(memory) if memory else None, off))
 
 
 # -------------------------------------------------------------------------- benchmarks

@@ -1,0 +1,3 @@
+"""The code that runs on the nodes: `python -m training.finetune` with its settings and its
+distributed start at the top, and a room per job (data, model, sharding, the training loop and its
+checkpoints, node-side tools). It never imports the controller (mlxcluster/)."""

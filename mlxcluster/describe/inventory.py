@@ -10,6 +10,7 @@ the host and says what to change in the inventory.
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -18,7 +19,6 @@ from jinja2 import Undefined
 
 from mlxcluster.describe import topology
 from mlxcluster.describe.topology import INTERFACE_NAME
-from mlxcluster.launch.batch_shares import cluster_share_errors
 
 PLATFORM_GROUPS = ("macs", "linux")
 # The thunderbolt role's defaults, for hosts whose inventory does not set them.
@@ -339,3 +339,61 @@ def topology_view(hosts: Sequence[str], hostvars: Any) -> dict[str, dict[str, An
     mlxcluster/describe/topology.py reads); values that cannot be resolved are left out."""
     plain, _ = resolved(list(hosts), hostvars, (*LINK_KEYS, *TOPOLOGY_KEYS, "mpi_slots", "ansible_host"))
     return plain
+
+
+AUTO = "auto"  # batch_share: auto, the weights from invoke bench.calibrate
+
+
+# --- batch shares: each node's weight and micro-batch cap ------------------------------------------
+
+
+def share_value(raw: Any) -> float | str | None:
+    """A node's batch_share as training takes it: a positive number, "auto", or None (not set); a
+    ValueError says what is wrong."""
+    if raw is None or raw == AUTO:
+        return raw
+    try:
+        value = float(raw) if not isinstance(raw, bool) else math.nan
+    except (TypeError, ValueError):
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"batch_share {raw!r} must be a positive number (its ranks' weight beside the "
+                         "other nodes', e.g. 3 beside 1) or auto (from invoke bench.calibrate)")
+    return value
+
+
+def micro_batch_value(raw: Any) -> int:
+    """A node's max_micro_batch: a whole number of examples, 0 (the default) for no limit."""
+    if raw is None:
+        return 0
+    text = str(raw).strip()
+    if isinstance(raw, bool) or not text.isdigit():
+        raise ValueError(f"max_micro_batch {raw!r} must be a whole number of examples, at least 0 "
+                         "(0: no limit)")
+    return int(text)
+
+
+def share_errors(host: str, hv: Mapping[str, Any]) -> list[str]:
+    """What is wrong with a node's batch_share and max_micro_batch, each said with its fix."""
+    errors = []
+    for read, key in ((share_value, "batch_share"), (micro_batch_value, "max_micro_batch")):
+        try:
+            read(hv.get(key))
+        except ValueError as error:
+            errors.append(f"{host}: {error}")
+    return errors
+
+
+def cluster_share_errors(hosts: Sequence[str], hostvars: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Every node's errors, and auto beside numbers: a calibration's tokens/s and a weight set by
+    hand are not on one scale."""
+    errors = [e for host in hosts for e in share_errors(host, hostvars.get(host, {}))]
+    if errors:
+        return errors
+    given = {h: share_value(hostvars.get(h, {}).get("batch_share")) for h in hosts}
+    auto = sorted(h for h, v in given.items() if v == AUTO)
+    numbers = sorted(h for h, v in given.items() if v not in (None, AUTO))
+    if auto and numbers:
+        errors.append(f"batch_share is auto on {', '.join(auto)} but a number on {', '.join(numbers)}: "
+                      "use auto on every node (weights from the calibration) or numbers on every node")
+    return errors

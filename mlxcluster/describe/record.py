@@ -23,11 +23,10 @@ from typing import Any
 
 from jinja2 import Undefined
 
-from mlxcluster.describe import topology
+from mlxcluster.describe import inventory, topology
 from mlxcluster.describe.backends import Choice
 from mlxcluster.describe.cluster import REQUIRED_PATHS, Cluster
 from mlxcluster.describe.inventory import topology_view
-from mlxcluster.launch import batch_shares
 
 # What a node's roles tell the record: the node field and the fact (set_fact) it comes from.
 # A new fact to record is one line here (and an optional field of cluster.py's Node).
@@ -139,8 +138,8 @@ def node_settings(name: str, hostvars: Mapping[str, Any], launcher: str,
            if "macs" in hv["group_names"] else {}),
         "slots": int(get("mpi_slots", 1)),
         # Validation has checked both (mlxcluster/launch/batch_shares.py).
-        "batch_share": batch_shares.share_value(get("batch_share")),
-        "max_micro_batch": batch_shares.micro_batch_value(get("max_micro_batch")),
+        "batch_share": inventory.share_value(get("batch_share")),
+        "max_micro_batch": inventory.micro_batch_value(get("max_micro_batch")),
         "connection": {
             "type": get("ansible_connection", "ssh"),
             "host": get("ansible_host", name),

@@ -454,6 +454,25 @@ def _fill_caches(mlx_requirements: list[str]) -> None:
           "--only-binary=:all:", *mlx_requirements, "pip", "setuptools", "wheel"], capture=True)
 
 
+def set_limits(lab: Lab, node: int, cpu_percent: float | None = None, memory_bytes: int | None = None,
+               off: bool = False) -> str:
+    """invoke lab.limit: make node `node` slower (a CPU quota) or smaller (a memory limit), or lift
+    both; what it now has, said."""
+    if os.geteuid() != 0:
+        raise limits.LimitError("limiting a lab node needs root (it writes control groups)")
+    if node not in lab.nodes():
+        raise limits.LimitError(f"lab {lab.lab_id} has no node {node} up (it has {lab.nodes() or 'none'})")
+    if off:
+        limits.clear(lab.lab_id, node)
+        return f"node{node}: no limits"
+    if cpu_percent is None and memory_bytes is None:
+        raise limits.LimitError("give --cpu PERCENT (of one core), --memory SIZE, or --off")
+    limits.limit(lab.lab_id, node, lab.netns(node), cpu_percent=cpu_percent, memory_bytes=memory_bytes)
+    said = [*([f"{cpu_percent:g}% of a core"] if cpu_percent is not None else []),
+            *([f"{memory_bytes / 2**30:.2f} GiB of memory, no swap"] if memory_bytes is not None else [])]
+    return f"node{node}: " + ", ".join(said)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Command line used by CI scripts: ``python -m mlxcluster.lab up|down|status``."""
     import argparse

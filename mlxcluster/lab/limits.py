@@ -14,12 +14,8 @@ import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from mlxcluster.errors import UserError
-
-if TYPE_CHECKING:
-    from mlxcluster.lab.hosts import Lab
 
 CGROUP_ROOT = Path(os.environ.get("MLX_CGROUP_ROOT", "/sys/fs/cgroup"))
 PERIOD_US = 100_000
@@ -151,22 +147,3 @@ def clear(lab_id: int, node: int, root: Path = CGROUP_ROOT) -> None:
             folder.rmdir()
         except OSError:
             pass  # v2 shares one folder for both: already gone
-
-
-def set_limits(lab: Lab, node: int, cpu_percent: float | None = None, memory_bytes: int | None = None,
-               off: bool = False) -> str:
-    """invoke lab.limit: make node `node` slower (a CPU quota) or smaller (a memory limit), or lift
-    both; what it now has, said."""
-    if os.geteuid() != 0:
-        raise LimitError("limiting a lab node needs root (it writes control groups)")
-    if node not in lab.nodes():
-        raise LimitError(f"lab {lab.lab_id} has no node {node} up (it has {lab.nodes() or 'none'})")
-    if off:
-        clear(lab.lab_id, node)
-        return f"node{node}: no limits"
-    if cpu_percent is None and memory_bytes is None:
-        raise LimitError("give --cpu PERCENT (of one core), --memory SIZE, or --off")
-    limit(lab.lab_id, node, lab.netns(node), cpu_percent=cpu_percent, memory_bytes=memory_bytes)
-    said = [*([f"{cpu_percent:g}% of a core"] if cpu_percent is not None else []),
-            *([f"{memory_bytes / 2**30:.2f} GiB of memory, no swap"] if memory_bytes is not None else [])]
-    return f"node{node}: " + ", ".join(said)

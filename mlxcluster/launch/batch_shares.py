@@ -5,83 +5,26 @@ sides alike).
 A node's `batch_share` is the weight of each of its ranks: a number (relative: 3 beside 1 gives
 three times the examples), or `auto`, which takes the node's tokens/s from the latest calibration
 (`invoke bench.calibrate`) of the same model and sequence length. `max_micro_batch` caps the
-examples a rank of that node runs at once. A config that sets batch_shares itself (or a resumed
-run's, which recorded them) is left as it is.
+examples a rank of that node runs at once; what values they may take is the inventory's rule
+(mlxcluster/describe/inventory.py), checked before anything changes. A config that sets
+batch_shares itself (or a resumed run's, which recorded them) is left as it is.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mlxcluster.describe.cluster import Cluster, Node
+from mlxcluster.describe.inventory import AUTO
 from mlxcluster.errors import UserError
 from mlxcluster.launch import settings as run_settings
 from training.config import FinetuneConfig
 from training.data import shares
 from training.model.manifest import manifest_sha256
-
-AUTO = "auto"
-
-
-# --- the inventory's settings ---------------------------------------------------------------------
-
-
-def share_value(raw: Any) -> float | str | None:
-    """A node's batch_share as training takes it: a positive number, "auto", or None (not set); a
-    ValueError says what is wrong."""
-    if raw is None or raw == AUTO:
-        return raw
-    try:
-        value = float(raw) if not isinstance(raw, bool) else math.nan
-    except (TypeError, ValueError):
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"batch_share {raw!r} must be a positive number (its ranks' weight beside the "
-                         "other nodes', e.g. 3 beside 1) or auto (from invoke bench.calibrate)")
-    return value
-
-
-def micro_batch_value(raw: Any) -> int:
-    """A node's max_micro_batch: a whole number of examples, 0 (the default) for no limit."""
-    if raw is None:
-        return 0
-    text = str(raw).strip()
-    if isinstance(raw, bool) or not text.isdigit():
-        raise ValueError(f"max_micro_batch {raw!r} must be a whole number of examples, at least 0 "
-                         "(0: no limit)")
-    return int(text)
-
-
-def share_errors(host: str, hv: Mapping[str, Any]) -> list[str]:
-    """What is wrong with a node's batch_share and max_micro_batch, each said with its fix."""
-    errors = []
-    for read, key in ((share_value, "batch_share"), (micro_batch_value, "max_micro_batch")):
-        try:
-            read(hv.get(key))
-        except ValueError as error:
-            errors.append(f"{host}: {error}")
-    return errors
-
-
-def cluster_share_errors(hosts: Sequence[str], hostvars: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """Every node's errors, and auto beside numbers: a calibration's tokens/s and a weight set by
-    hand are not on one scale."""
-    errors = [e for host in hosts for e in share_errors(host, hostvars.get(host, {}))]
-    if errors:
-        return errors
-    given = {h: share_value(hostvars.get(h, {}).get("batch_share")) for h in hosts}
-    auto = sorted(h for h, v in given.items() if v == AUTO)
-    numbers = sorted(h for h, v in given.items() if v not in (None, AUTO))
-    if auto and numbers:
-        errors.append(f"batch_share is auto on {', '.join(auto)} but a number on {', '.join(numbers)}: "
-                      "use auto on every node (weights from the calibration) or numbers on every node")
-    return errors
-
 
 # --- calibration -----------------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from mlxcluster import paths
-from mlxcluster.lab import hosts, limits
+from mlxcluster.lab import hosts
 from tests.cluster.conftest import LabCluster, sub_cluster
 
 pytestmark = pytest.mark.cluster
@@ -363,7 +363,7 @@ def test_a_slowed_node_gets_a_smaller_share_from_its_calibration(provisioned, ti
     for host in inventory["cluster"]["children"]["linux"]["hosts"].values():
         host["batch_share"] = "auto"
     provisioned.inventory.write_text(yaml.safe_dump(inventory))
-    limits.set_limits(provisioned.lab, 2, cpu_percent=30)
+    hosts.set_limits(provisioned.lab, 2, cpu_percent=30)
     try:
         recorded = provisioned.playbook("--tags", "hostfile")  # the record takes the new setting
         assert recorded.returncode == 0, json.dumps(recorded.failures, indent=1)
@@ -390,7 +390,7 @@ def test_a_slowed_node_gets_a_smaller_share_from_its_calibration(provisioned, ti
         finally:
             shutil.rmtree(run_dir, ignore_errors=True)
     finally:
-        limits.set_limits(provisioned.lab, 2, off=True)
+        hosts.set_limits(provisioned.lab, 2, off=True)
         provisioned.inventory.write_text(original)
         assert provisioned.playbook("--tags", "hostfile").returncode == 0
 

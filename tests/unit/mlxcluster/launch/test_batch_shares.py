@@ -9,7 +9,7 @@ import json
 import pytest
 
 from mlxcluster.describe.cluster import Cluster
-from mlxcluster.describe.inventory import inventory_errors
+from mlxcluster.describe.inventory import cluster_share_errors, inventory_errors
 from mlxcluster.errors import UserError
 from mlxcluster.jobs import train as training
 from mlxcluster.jobs.train import shares_line
@@ -64,11 +64,11 @@ def test_a_bad_batch_share_or_max_micro_batch_is_named_with_its_fix(hv, message)
 def test_auto_beside_a_number_is_refused_and_good_values_pass():
     hosts = ["node1", "node2", "node3"]
     mixed = {"node1": {"batch_share": "auto"}, "node2": {"batch_share": 2}, "node3": {}}
-    assert batch_shares.cluster_share_errors(hosts, mixed) == [
+    assert cluster_share_errors(hosts, mixed) == [
         "batch_share is auto on node1 but a number on node2: use auto on every node (weights from "
         "the calibration) or numbers on every node"]
     good = {"node1": {"batch_share": 3}, "node2": {"batch_share": "1.5", "max_micro_batch": 4}, "node3": {}}
-    assert batch_shares.cluster_share_errors(hosts, good) == []
+    assert cluster_share_errors(hosts, good) == []
 
 
 def test_numbers_in_the_inventory_split_the_global_batch_and_go_before_the_users_flags():
