@@ -1,10 +1,14 @@
 from __future__ import annotations
 
+import itertools
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+pytest_plugins = ["pytester"]
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -18,3 +22,33 @@ if str(VENV_BIN) not in os.environ.get("PATH", "").split(os.pathsep):
 def tool_env() -> dict[str, str]:
     """Environment in which the venv's ansible-playbook & co. come first on PATH."""
     return {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}"}
+
+
+# --- a lab test that did not run is not a pass ----------------------------------------------------
+
+# The lab and contract tests need root (network namespaces, overlay mounts) and skip without it,
+# so that `invoke test` works for a developer. Where they can run (as root, which CI is), a skip
+# means the lab could not start or a test lost its subject: that fails the run, so that a build
+# is never green without them. MLX_LAB_REQUIRED=0 allows the skips anyway, =1 requires the lab
+# whoever runs the tests.
+LAB_TESTS = ("cluster", "contract")
+
+
+def lab_required() -> bool:
+    return os.environ.get("MLX_LAB_REQUIRED", "1" if os.geteuid() == 0 else "0") == "1"
+
+
+def is_lab_test(path: Path) -> bool:
+    parts = path.resolve().parts
+    return any(a == "tests" and b in LAB_TESTS for a, b in itertools.pairwise(parts))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and not hasattr(report, "wasxfail") and lab_required() and is_lab_test(item.path):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = (f"a lab test was skipped where the lab must run ({reason}): a lab that cannot "
+                           "start is a failure here (MLX_LAB_REQUIRED=0 allows it)")

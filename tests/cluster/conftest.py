@@ -10,8 +10,9 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -36,15 +37,57 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @dataclass
 class PlaybookRun:
+    """One ansible-playbook run, digested from its JSON output. A run whose recap cannot be read
+    has no stats, changes or failures to offer: asking for them fails the test (an idempotence
+    check on an unreadable recap would otherwise pass whatever the run did)."""
+
     returncode: int
     stdout: str
     stderr: str
-    # host -> counters from the run's stats
-    stats: dict[str, dict[str, int]] = field(default_factory=dict)
-    # host -> names of the tasks that reported `changed`
-    changed: dict[str, list[str]] = field(default_factory=dict)
-    # host -> messages of failed/unreachable results
-    failures: dict[str, list[str]] = field(default_factory=dict)
+    recap: dict[str, Any] | None = None  # ansible.posix.json's document, None if it could not be read
+
+    @classmethod
+    def of(cls, proc: subprocess.CompletedProcess) -> PlaybookRun:
+        try:
+            recap = json.loads(proc.stdout[proc.stdout.index("{"):])
+        except ValueError:
+            recap = None
+        return cls(proc.returncode, proc.stdout, proc.stderr, recap if isinstance(recap, dict) else None)
+
+    def _read(self) -> dict[str, Any]:
+        if self.recap is None or "stats" not in self.recap:
+            raise AssertionError("ansible-playbook's JSON recap could not be read "
+                                 f"(exit {self.returncode}):\n{self.stdout[-1500:]}\n{self.stderr[-1500:]}")
+        return self.recap
+
+    def results(self) -> Iterator[tuple[str, str, dict[str, Any]]]:
+        for play in self._read().get("plays", []):
+            for task in play.get("tasks", []):
+                for host, result in task.get("hosts", {}).items():
+                    yield host, task["task"]["name"], result
+
+    @property
+    def stats(self) -> dict[str, dict[str, int]]:
+        """host -> counters from the run's stats."""
+        return self._read()["stats"]
+
+    @property
+    def changed(self) -> dict[str, list[str]]:
+        """host -> names of the tasks that reported `changed`."""
+        found: dict[str, list[str]] = {}
+        for host, name, result in self.results():
+            if result.get("changed"):
+                found.setdefault(host, []).append(name)
+        return found
+
+    @property
+    def failures(self) -> dict[str, list[str]]:
+        """host -> messages of failed/unreachable results."""
+        found: dict[str, list[str]] = {}
+        for host, _, result in self.results():
+            if result.get("failed") or result.get("unreachable"):
+                found.setdefault(host, []).append(str(result.get("msg", "")))
+        return found
 
 
 @dataclass
@@ -67,20 +110,7 @@ class LabCluster:
             cmd += ["-e", f"cluster_model={self.model}"]
         cmd += list(args)
         proc = subprocess.run(cmd, cwd=REPO, env=self.env(), capture_output=True, text=True)
-        run = PlaybookRun(proc.returncode, proc.stdout, proc.stderr)
-        try:
-            report = json.loads(proc.stdout[proc.stdout.index("{"):])
-        except ValueError:
-            return run
-        run.stats = report.get("stats", {})
-        for play in report.get("plays", []):
-            for task in play.get("tasks", []):
-                for host, result in task.get("hosts", {}).items():
-                    if result.get("changed"):
-                        run.changed.setdefault(host, []).append(task["task"]["name"])
-                    if result.get("failed") or result.get("unreachable"):
-                        run.failures.setdefault(host, []).append(str(result.get("msg", "")))
-        return run
+        return PlaybookRun.of(proc)
 
     def ssh(self, node: int, command: str, timeout: float = 120) -> subprocess.CompletedProcess:
         """Run a command on a lab node as root over its management link."""

@@ -1,0 +1,63 @@
+"""The test harness fails when it cannot see: a lab test skipped where the lab must run, and an
+ansible-playbook run whose recap cannot be read."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from tests.cluster.conftest import PlaybookRun
+from tests.conftest import REPO
+
+SKIPS = "import pytest\n\n\ndef test_it():\n    pytest.skip('no network namespaces here')\n"
+
+
+@pytest.fixture
+def lab_and_unit_tests(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makeconftest(f"import sys\nsys.path.insert(0, {str(REPO)!r})\n"
+                          "from tests.conftest import pytest_runtest_makereport  # noqa: F401\n")
+    for folder in ("tests/cluster", "tests/contract", "tests/unit"):
+        (pytester.path / folder).mkdir(parents=True)
+        (pytester.path / folder / f"test_{folder.split('/')[1]}.py").write_text(SKIPS)
+    return pytester
+
+
+def test_a_skipped_lab_test_fails_the_run_where_the_lab_must_run(lab_and_unit_tests, monkeypatch):
+    monkeypatch.setenv("MLX_LAB_REQUIRED", "1")
+    result = lab_and_unit_tests.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=2, skipped=1)  # the unit test may skip
+    result.stdout.fnmatch_lines(
+        ["*a lab test was skipped where the lab must run (*no network namespaces here)*"])
+    assert result.ret != 0
+
+
+def test_a_skipped_lab_test_is_a_skip_where_it_cannot_run(lab_and_unit_tests, monkeypatch):
+    monkeypatch.setenv("MLX_LAB_REQUIRED", "0")
+    result = lab_and_unit_tests.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(skipped=3)
+    assert result.ret == 0
+
+
+def recap(returncode: int, stdout: str) -> PlaybookRun:
+    return PlaybookRun.of(subprocess.CompletedProcess(["ansible-playbook"], returncode, stdout, ""))
+
+
+@pytest.mark.parametrize("stdout", ["", "ERROR! the playbook could not be read", '{"plays": []}', "[1, 2]"])
+def test_a_recap_that_cannot_be_read_fails_every_check_on_it(stdout):
+    run = recap(0, stdout)
+    for what in ("changed", "stats", "failures"):
+        with pytest.raises(AssertionError, match="recap could not be read"):
+            getattr(run, what)
+
+
+def test_a_recap_gives_what_each_host_did():
+    document = {"plays": [{"tasks": [
+        {"task": {"name": "write"}, "hosts": {"node1": {"changed": True}, "node2": {"changed": False}}},
+        {"task": {"name": "reach"}, "hosts": {"node2": {"unreachable": True, "msg": "no route"}}}]}],
+        "stats": {"node1": {"changed": 1}, "node2": {"changed": 0, "unreachable": 1}}}
+    run = recap(2, "PLAY RECAP noise before it\n" + json.dumps(document))
+    assert run.changed == {"node1": ["write"]}
+    assert run.failures == {"node2": ["no route"]}
+    assert run.stats["node2"]["unreachable"] == 1
