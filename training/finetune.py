@@ -9,9 +9,11 @@ given with `--config` (`training/configs/lora.yaml` documents every key), overri
 command line flags (one per key: `--batch-size 8`, `--grad-checkpoint` / `--no-grad-checkpoint`).
 
 mlx-lm's trainer already does the data parallelism, so this module does not redo it: each rank gets
-every N-th example of each global batch (`batch_size` is the GLOBAL batch and must be divisible by
-the world size), gradients are averaged across ranks by the trainer (never average them again),
-losses and token counts are summed across ranks, and only rank 0 saves adapters. With
+its share of each global batch (`batch_size` is the GLOBAL batch; it is split into whole examples,
+equal or by the nodes' batch shares, training/data/shares.py, and need not divide by the world
+size), gradients are averaged across ranks by the trainer (never average them again; a share's
+weight is in its summed loss, training/data/batches.py), losses and token counts are summed across
+ranks, and only rank 0 saves adapters. With
 `parallel: tensor` the ranks split the model instead of the batch (`training/sharding/tensor_parallel.py`):
 each holds a shard of every layer, all compute the whole batch, nothing is averaged, each batch's
 tokens are counted once, and sharded adapters are gathered before rank 0 saves them.
@@ -285,6 +287,8 @@ def train(
                             data_group=layout.data_group)
     loss = summed_loss_with(layout.cross_entropy, counted=layout.counts_tokens)
     args = training_args(config, first_step, final_partial, cut.micro_batches)
+    # mlx-lm's train has no argument for its display or its averaging: both are swapped for the
+    # call (tests/unit/training/test_mlx_lm_seams.py checks the pinned mlx-lm still looks them up).
     with _replaced(trainer, "TrainUI", lambda *_, **__: display), \
             _replaced(trainer, "average_gradients", _averaging(layout)):
         trainer.train(
