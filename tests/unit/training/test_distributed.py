@@ -84,3 +84,36 @@ def test_without_a_launcher_a_single_process_unless_more_are_expected():
     assert init.calls == [{}, {}]
     with pytest.raises(td.DistributedError, match=r"1 process.* but 2 were expected.*not started by mpirun"):
         td.init_distributed({}, 2, init=init)
+
+
+SPREAD = """
+import json
+
+import mlx.core as mx
+
+from training.distributed import weight_spread_across_ranks
+
+group = mx.distributed.init(strict=True)
+r = group.rank()
+same = {"a": mx.array([1.0, 2.0]), "b": mx.ones((2, 2))}
+apart = {"a": mx.array([1.0, 2.0 + 0.25 * r]), "b": mx.ones((2, 2)) + 0.5 * r}
+print(json.dumps({"rank": r, "same": weight_spread_across_ranks(same, group),
+                  "apart": weight_spread_across_ranks(apart, group)}))
+"""
+
+
+def test_the_weight_check_across_two_real_ranks_finds_weights_that_differ(tmp_path: Path):
+    """The figure summary.json reports as max_weight_difference_across_ranks, on two ranks of MLX's
+    ring backend given equal weights and weights half a unit apart."""
+    import sys
+
+    from tests.unit.training.test_finetune import run_launcher
+
+    script = tmp_path / "spread.py"
+    script.write_text(SPREAD)
+    launch = [str(Path(sys.executable).parent / "mlx.launch"), "--backend", "ring", "-n", "2", "--"]
+    result = run_launcher([*launch, sys.executable, str(script)], timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    found = sorted((json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")),
+                   key=lambda row: row["rank"])
+    assert found == [{"rank": 0, "same": 0.0, "apart": 0.5}, {"rank": 1, "same": 0.0, "apart": 0.5}]

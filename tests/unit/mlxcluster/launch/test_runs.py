@@ -4,6 +4,8 @@ of a launch's output (mlxcluster/launch/relay.py)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -120,3 +122,52 @@ def test_generate_refuses_a_folder_that_holds_no_adapters_naming_what_it_lacks(t
         model_for(run, None)
     with pytest.raises(RunError, match=r"is not a model folder: it has no config\.json"):
         model_for(run, str(run))
+
+
+# --- invoke generate ----------------------------------------------------------------------------------
+
+INVOKE = str(Path(sys.executable).parent / "invoke")
+REPO = Path(__file__).resolve().parents[4]
+
+
+def invoke_generate(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([INVOKE, "generate", *args], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "200"}, stdin=subprocess.DEVNULL, timeout=300)
+
+
+def stock_answer(model: Path, prompt: str, *extra: str) -> str:
+    """Stock `mlx_lm generate`'s greedy answer (its text between its two ===== lines)."""
+    out = subprocess.run([sys.executable, "-m", "mlx_lm", "generate", "--model", str(model),
+                          "--prompt", prompt, "--max-tokens", "6", "--temp", "0", *extra],
+                         capture_output=True, text=True, check=True, timeout=300)
+    return out.stdout.split("==========\n")[1].strip()
+
+
+def test_invoke_generate_prints_the_answers_stock_mlx_lm_gives_with_and_without_the_adapters(uneven_run):
+    model, run = uneven_run / "model", uneven_run / "single"
+    proc = invoke_generate("--prompt", "count 001", "--adapter", str(run), "--model", str(model),
+                           "--max-tokens", "6")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    base = stock_answer(model, "count 001")
+    tuned = stock_answer(model, "count 001", "--adapter-path", str(run))
+    assert base != tuned  # the adapters changed the answer
+    row = next(line for line in proc.stdout.splitlines() if tuned in line)
+    assert [cell.strip() for cell in row.split("│")[1:3]] == [base, tuned]
+    assert "base: model" in proc.stdout and "fine-tuned: single" in proc.stdout
+
+
+def test_invoke_generate_says_what_is_wrong_with_the_adapters_or_the_model(uneven_run, tmp_path):
+    from tests.unit.training.model.test_folder import tiny_model
+
+    model, run = uneven_run / "model", uneven_run / "single"
+    other = tmp_path / "wider"
+    tiny_model(other, hidden_size=96, num_attention_heads=6, num_key_value_heads=3)
+    for args, said in (
+        (["--adapter", str(tmp_path)], f"--adapter {tmp_path}: no adapter"),
+        (["--adapter", str(run), "--model", str(tmp_path)], f"{tmp_path} is not a model folder"),
+        (["--adapter", str(run), "--model", str(other)], f"the adapters in {run} do not fit {other}"),
+        (["--adapter", str(run), "--model", str(model), "--max-tokens", "0"], "--max-tokens"),
+    ):
+        proc = invoke_generate("--prompt", "count 001", *args)
+        assert proc.returncode == 1 and said in proc.stderr, (args, proc.stderr)
+        assert "Traceback" not in proc.stderr
