@@ -36,7 +36,29 @@ from mlxcluster.launch import runs
 from mlxcluster.launch.parallel import MODES
 from mlxcluster.provision import ansible, inputs
 
-INVENTORY_HELP = "Inventory file (default: cluster.inventory in invoke.yaml, the local machine)"
+# The options several tasks share, said once; a task adds its own with `helps`.
+SHARED_HELP = {
+    "inventory": "Inventory file (default: cluster.inventory in invoke.yaml, the local machine)",
+    "data": "Prepared data directory (default: the bundled pirate demo, prepared on first use)",
+    "model": "Model directory on the controller (default: SmolLM2-135M, fetched on first use)",
+    "config": "YAML training config (default training/configs/lora.yaml); flags win over it",
+    "extra": "More training flags, e.g. \"--learning-rate 2e-4 --num-layers 4\"",
+    "threads": "BLAS threads per rank (default: all cores, or 1 when a node has several slots)",
+    "interface": "Interface MPI traffic is pinned to (default: the Thunderbolt interface)",
+    "iters": "Steps of each run (default 30)",
+    "nodes": "Node counts to run on, comma-separated (default: 1 and all of them, e.g. 1,3)",
+    "batch_size": "Global batch (default: the smallest multiple of every configuration's ranks "
+                  "that is at least 4)",
+    "id": "Lab number 0-9 (default: lab.id in invoke.yaml)",
+    "lab": "Lab number (default 8)",
+    "output": "JSON file to write (default runs/bench/<benchmark>-<time>.json; a PNG goes next to it)",
+    "dry_run": "Print every command and touch no host",
+}
+
+
+def helps(*shared: str, **own: str) -> dict[str, str]:
+    """A task's help: the shared options it takes, by name, and its own."""
+    return {name: SHARED_HELP[name] for name in shared} | own
 
 
 class _Task(Task):
@@ -68,18 +90,16 @@ _whole = flags.whole_number
 
 # ------------------------------------------------------------------------- provisioning
 
-@task(help={"inventory": INVENTORY_HELP,
-            "check": "Dry run: report what would change, change nothing",
-            "diff": "Show file differences",
-            "tags": "Only these plays, e.g. ssh,hostfile (see site.yml)",
-            "limit": "Only these hosts"})
+@task(help=helps("inventory", check="Dry run: report what would change, change nothing",
+                 diff="Show file differences", tags="Only these plays, e.g. ssh,hostfile (see site.yml)",
+                 limit="Only these hosts"))
 def provision(c, inventory=None, check=False, diff=False, tags=None, limit=None):
     """Provision every node of the inventory (ansible-playbook site.yml)."""
     local.run(ansible.provision(_inventory(c, inventory), check=check, diff=diff, tags=tags,
                                 limit=limit))
 
 
-@task(help={"inventory": INVENTORY_HELP, "output": "Directory to write hostfile and hosts.json"})
+@task(help=helps("inventory", output="Directory to write hostfile and hosts.json"))
 def hostfile(c, inventory=None, output=None):
     """Render the Open MPI hostfile and MLX hosts.json from inventory, touching no host."""
     inv = _inventory(c, inventory)
@@ -88,18 +108,16 @@ def hostfile(c, inventory=None, output=None):
     print(f"wrote {out / 'hostfile'} and {out / 'hosts.json'}")
 
 
-@task(help={"inventory": INVENTORY_HELP,
-            "output": "Where to draw the cabling (default: build/<inventory>/topology.png)"})
+@task(help=helps("inventory", output="Where to draw the cabling (default: build/<inventory>/topology.png)"))
 def topology(c, inventory=None, output=None):
     """Read the Thunderbolt cabling from every Mac: print the thunderbolt_links block to paste
     into the inventory, and draw it."""
     cabling.run(_inventory(c, inventory), output)
 
 
-@task(help={"inventory": INVENTORY_HELP,
-            "model": "Model directory whose size memory and disk are checked against "
-                     "(default: the provisioned model, else the embedded SmolLM2 when fetched)",
-            "json": "Print the checks as JSON instead of tables"})
+@task(help=helps("inventory", model="Model directory whose size memory and disk are checked against "
+                                   "(default: the provisioned model, else the embedded SmolLM2 when fetched)",
+                 json="Print the checks as JSON instead of tables"))
 def doctor(c, inventory=None, model=None, json_=False):
     """Check the whole cluster, node by node and pair by pair: red checks say how to fix them."""
     checkup.run(recorded(_inventory(c, inventory), ready=False), model, as_json=json_)
@@ -136,24 +154,19 @@ def model_fetch(c, source=inputs.DEFAULT_MODEL, output=None, dtype=None):
     inputs.fetch_model(source, output, dtype)
 
 
-@task(help={
-    "inventory": INVENTORY_HELP,
-    "config": "YAML training config (default training/configs/lora.yaml); flags below win",
-    "data": "Prepared data directory (default: the bundled pirate demo, prepared on first use)",
-    "model": "Model directory on the controller, copied to the nodes (default: the model "
-             "provisioning installed, only verified; else SmolLM2-135M, fetched on first use)",
-    "iters": "Optimizer steps",
-    "batch_size": "GLOBAL batch size (at least one example per rank; shared by batch_share)",
-    "extra": "More training flags, e.g. \"--learning-rate 2e-4 --num-layers 4\"",
-    "backend": "auto (default: jaccl on a full mesh of cables with RDMA, then jaccl-ring, ring, "
-               "mpi on a bridge; says why), mpi, ring, jaccl or jaccl-ring",
-    "interface": "Interface MPI traffic is pinned to (default: the Thunderbolt interface)",
-    "btl_tcp_links": "TCP connections per peer for Open MPI (btl_tcp_links)",
-    "threads": "BLAS threads per rank (default: all cores, or 1 when a node has several slots)",
-    "parallel": "data (default: a whole model per rank) or tensor (each rank a shard of the model)",
-    "resume": "Continue an interrupted run from its latest checkpoint: --resume (the latest "
-              "unfinished run in runs/) or --resume=RUN_ID; its data, model and settings are kept",
-    "dry_run": "Print every command and touch no host"}, optional=["resume"])
+@task(help=helps(
+    "inventory", "config", "data", "extra", "threads", "interface", "dry_run",
+    model="Model directory on the controller, copied to the nodes (default: the model "
+          "provisioning installed, only verified; else SmolLM2-135M, fetched on first use)",
+    iters="Optimizer steps",
+    batch_size="GLOBAL batch size (at least one example per rank; shared by batch_share)",
+    backend="auto (default: jaccl on a full mesh of cables with RDMA, then jaccl-ring, ring, "
+            "mpi on a bridge; says why), mpi, ring, jaccl or jaccl-ring",
+    btl_tcp_links="TCP connections per peer for Open MPI (btl_tcp_links)",
+    parallel="data (default: a whole model per rank) or tensor (each rank a shard of the model)",
+    resume="Continue an interrupted run from its latest checkpoint: --resume (the latest "
+           "unfinished run in runs/) or --resume=RUN_ID; its data, model and settings are kept"),
+    optional=["resume"])
 def train(c, inventory=None, config=None, data=None, model=None, iters=None, batch_size=None,
           extra="", backend=None, interface=None, btl_tcp_links=None, threads=None,
           parallel=None, resume=None, dry_run=False):
@@ -168,9 +181,7 @@ def train(c, inventory=None, config=None, data=None, model=None, iters=None, bat
         runs.print_summary(results)
 
 
-@task(help={"inventory": INVENTORY_HELP,
-            "interface": "Interface MPI traffic is pinned to (default: the Thunderbolt interface)",
-            "dry_run": "Print the commands and touch no host"})
+@task(help=helps("inventory", "interface", "dry_run"))
 def run(c, inventory=None, interface=None, dry_run=False):
     """Run any command on every slot with mpirun: invoke run -- CMD ARGS...
 
@@ -211,7 +222,7 @@ def test(c, unit=False, k=None, lint_first=True):
 
 
 @task(name="up", help={"nodes": "Number of hosts (1-9; existing ones are kept)",
-                       "id": "Lab number 0-9 (default: lab.id in invoke.yaml)",
+                       "id": SHARED_HELP["id"],
                        "cables": "ring or mesh: cable the hosts point to point, like Macs "
                                  "(thunderbolt_topology: links), instead of one bridge"})
 def lab_up(c, nodes=None, id=None, cables=None):
@@ -223,19 +234,19 @@ def lab_up(c, nodes=None, id=None, cables=None):
     print(f"provision it with: invoke provision -i {inventory}")
 
 
-@task(name="down", help={"id": "Lab number 0-9"})
+@task(name="down", help=helps("id"))
 def lab_down(c, id=None):
     """Tear the lab cluster down, leaving nothing behind."""
     hosts.down(_lab_id(c, id))
 
 
-@task(name="status", help={"id": "Lab number 0-9"})
+@task(name="status", help=helps("id"))
 def lab_status(c, id=None):
     """Show the lab's hosts and inventory."""
     print(json.dumps(hosts.status(_lab_id(c, id)), indent=2))
 
 
-@task(name="limit", help={"node": "Node number", "id": "Lab number 0-9",
+@task(name="limit", help={"node": "Node number", "id": SHARED_HELP["id"],
                           "cpu": "Percent of one core its processes may use, e.g. 30",
                           "memory": "Memory its processes may use, e.g. 1.5GB (no swap)",
                           "off": "Lift the node's limits"})
@@ -248,15 +259,14 @@ def lab_limit(c, node, id=None, cpu=None, memory=None, off=False):
 
 # -------------------------------------------------------------------------- benchmarks
 
-@task(name="provision", help={"nodes": "Lab hosts (default 3)", "id": "Lab number (default 8)",
-                              "output": "JSON file to write (default runs/bench/...)"})
+@task(name="provision", help=helps("output", nodes="Lab hosts (default 3)", id=SHARED_HELP["lab"]))
 def bench_provision(c, nodes=None, id=None, output=None):
     """Time a first and an idempotent second site.yml run on a fresh lab cluster."""
     bench_provision_module.run(_whole(nodes, "--nodes", 1, 9) or 3, _whole(id, "--id", 0, 9) or 8, output)
 
 
 @task(name="train", help={
-    "id": "Lab number (default 8)",
+    "id": SHARED_HELP["lab"],
     "iters": "Steps of each scaling run (default 30; 0 skips scaling)",
     "rounds": "Scaling rounds, each a 1-rank then a 2-rank run (default 2)",
     "batch_size": "Global batch of the scaling and BLAS runs (default 4, as in lora.yaml)",
@@ -267,9 +277,9 @@ def bench_provision(c, nodes=None, id=None, output=None):
     "overhead_iters": "Steps of each overhead run, ours and stock mlx_lm lora (default 40; 0 "
                       "skips the overhead comparison)",
     "overhead_rounds": "Overhead rounds, each our run then stock's (default 2)",
-    "data": "Prepared data directory (default: the bundled pirate demo)",
+    "data": SHARED_HELP["data"],
     "model": "Model directory (default: SmolLM2-135M in float32, fetched on first use)",
-    "output": "JSON file to write (default runs/bench/train-<time>.json)"})
+    "output": SHARED_HELP["output"]})
 def bench_train(c, id=None, iters=None, rounds=None, batch_size=None, blas_iters=None, quality_iters=None,
                 overhead_iters=None, overhead_rounds=None, data=None, model=None, output=None):
     """Scaling (2 ranks over 1), BLAS, pirate quality and overhead over stock mlx-lm.
@@ -290,11 +300,11 @@ def bench_train(c, id=None, iters=None, rounds=None, batch_size=None, blas_iters
 
 
 @task(name="links", help={
-    "inventory": INVENTORY_HELP,
+    "inventory": SHARED_HELP["inventory"],
     "backends": "Comma-separated: mpi, ring, jaccl, jaccl-ring; default mpi,ring on a bridge, "
                 "the training backend on per-cable networks",
     "max_size": "Largest all-reduce, e.g. 4MB (default 256MB); caps the pair message (64MB) too",
-    "output": "JSON file to write, the PNG goes next to it (default runs/bench/links-<time>.json)",
+    "output": SHARED_HELP["output"],
     "timeout": "Seconds each backend's run may take (default 900)"})
 def bench_links(c, inventory=None, backends=None, max_size="256MB", output=None,
                 timeout=None):
@@ -308,46 +318,53 @@ def bench_links(c, inventory=None, backends=None, max_size="256MB", output=None,
                            timeout=flags.number(timeout, "--timeout", 1, 86400) or 900.0)
 
 
-@task(name="scaling", help={
-    "inventory": INVENTORY_HELP,
-    "nodes": "Node counts to run on, comma-separated (default: 1 and all of them, e.g. 1,3)",
-    "iters": "Steps of each run (default 30)",
-    "batch_size": "Global batch (default: the smallest multiple of every configuration's ranks "
-                  "that is at least 4)",
-    "data": "Prepared data directory (default: the bundled pirate demo)",
-    "model": "Model directory on the controller (default: SmolLM2-135M)",
-    "threads": "BLAS threads per rank (default: all cores, 1 when a node has several slots)",
-    "extra": "More training flags for every run",
-    "shares": "Instead: each node alone (a calibration), then all with equal and with calibrated "
-              "batch shares (a mixed cluster)",
-    "parallel": "tensor, instead: one process, then every node holding a shard (peak memory per rank)",
-    "output": "JSON file to write; the PNG goes next to it (default runs/bench/scaling-<time>.json)"})
+def _runs(c: Context, inventory: str | None, iters: str | None, batch_size: str | None, threads: str | None,
+          **rest: Any) -> tuple[Any, dict[str, Any]]:
+    """The recorded cluster and the options every training benchmark reads alike."""
+    return recorded(_inventory(c, inventory)), {
+        "iters": _whole(iters, "--iters") or 30, "batch_size": _whole(batch_size, "--batch-size"),
+        "threads": _whole(threads, "--threads", 1, 1024), **rest}
+
+
+@task(name="scaling", help=helps("inventory", "nodes", "iters", "batch_size", "data", "model", "threads",
+                                 "extra", "output"))
 def bench_scaling(c, inventory=None, nodes=None, iters=None, batch_size=None, data=None, model=None,
-                  threads=None, extra="", shares=False, parallel=None, output=None):
+                  threads=None, extra="", output=None):
     """The same fine-tune on 1 node and on more: wall time, tokens/s, speedup, efficiency and
     where the time went (sync, model load, training, evaluation), as a table, JSON and PNG."""
-    rec = recorded(_inventory(c, inventory))
-    common = {"iters": _whole(iters, "--iters") or 30, "batch_size": _whole(batch_size, "--batch-size"),
-              "data": data, "model": model, "threads": _whole(threads, "--threads", 1, 1024),
-              "extra": extra, "output": output}
-    if shares:
-        bench_shares_module.run(rec, **common)
-    elif parallel not in (None, "data"):
-        bench_tensor_module.run(rec, mode=parallel, nodes=nodes, **common)
-    else:
-        bench_scaling_module.run(rec, nodes=nodes, **common)
+    rec, common = _runs(c, inventory, iters, batch_size, threads, data=data, model=model, extra=extra,
+                        output=output)
+    bench_scaling_module.run(rec, nodes=nodes, **common)
 
 
-@task(name="calibrate", help={
-    "inventory": INVENTORY_HELP,
-    "iters": "Steps on each node (default 10)",
-    "batch_size": "The training run's global batch (default: the config's); each node runs its equal share",
-    "data": "Prepared data directory (default: the bundled pirate demo)",
-    "model": "Model directory on the controller (default: SmolLM2-135M)",
-    "config": "YAML training config the runs will use (its max_seq_length keys the calibration)",
-    "threads": "BLAS threads (default: all cores)",
-    "extra": "More training flags, as invoke train will get them",
-    "output": "JSON file to write (default runs/bench/calibrate-<time>.json)"})
+@task(name="shares", help=helps("inventory", "iters", "batch_size", "data", "model", "threads", "extra",
+                                "output"))
+def bench_shares(c, inventory=None, iters=None, batch_size=None, data=None, model=None, threads=None,
+                 extra="", output=None):
+    """On a mixed cluster: each node alone (a calibration), then every node with equal and with
+    calibrated batch shares; the steps' time and the nodes' idle time, as a table and JSON."""
+    rec, common = _runs(c, inventory, iters, batch_size, threads, data=data, model=model, extra=extra,
+                        output=output)
+    bench_shares_module.run(rec, **common)
+
+
+@task(name="tensor", help=helps("inventory", "iters", "batch_size", "data", "model", "threads", "extra",
+                                "output", nodes="Nodes holding a shard (default: every training node)"))
+def bench_tensor(c, inventory=None, nodes=None, iters=None, batch_size=None, data=None, model=None,
+                 threads=None, extra="", output=None):
+    """One process holding the whole model, then every node holding a shard (--parallel tensor):
+    peak memory per rank and the time of a step, as a table, JSON and PNG."""
+    rec, common = _runs(c, inventory, iters, batch_size, threads, data=data, model=model, extra=extra,
+                        output=output)
+    bench_tensor_module.run(rec, nodes=nodes, **common)
+
+
+@task(name="calibrate", help=helps(
+    "inventory", "data", "model", "extra", "output",
+    iters="Steps on each node (default 10)",
+    batch_size="The training run's global batch (default: the config's); each node runs its equal share",
+    config="YAML training config the runs will use (its max_seq_length keys the calibration)",
+    threads="BLAS threads (default: all cores)"))
 def bench_calibrate(c, inventory=None, iters=None, batch_size=None, data=None, model=None, config=None,
                     threads=None, extra="", output=None):
     """Each node's tokens/s and peak memory at this fine-tune, alone, one node after the other:
@@ -361,7 +378,7 @@ def bench_calibrate(c, inventory=None, iters=None, batch_size=None, data=None, m
 ns = Collection(provision, hostfile, topology, doctor, train, run, generate, lint, test,
                 Collection("lab", lab_up, lab_down, lab_status, lab_limit),
                 Collection("bench", bench_provision, bench_train, bench_links, bench_scaling,
-                           bench_calibrate),
+                           bench_shares, bench_tensor, bench_calibrate),
                 Collection("data", data_prepare), Collection("model", model_fetch))
 ns.configure({"cluster": {"inventory": "inventory/local/hosts.yml"},
               "lab": {"id": 0, "nodes": 3}})

@@ -1,4 +1,4 @@
-"""`invoke bench.scaling --shares`: on a mixed cluster, equal batch shares against calibrated ones.
+"""`invoke bench.shares`: on a mixed cluster, equal batch shares against calibrated ones.
 
 One run measures, in this order: every node alone (the calibration, which it also keeps for
 `batch_share: auto`), then the whole cluster with equal shares of each global batch, then with

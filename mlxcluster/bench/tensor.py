@@ -1,4 +1,4 @@
-"""`invoke bench.scaling --parallel tensor`: one process against every node holding a shard.
+"""`invoke bench.tensor`: one process against every node holding a shard.
 
 Two runs of the same fine-tune, each launched as `invoke train` launches it: the first node alone
 (the whole model in one process), then every training node with `--parallel tensor`. The figures:
@@ -82,18 +82,16 @@ def table(result: Mapping[str, Any]) -> Any:
     return t
 
 
-def run(rec: Recorded, *, mode: str = "tensor", nodes: str | None = None, iters: int = 30,
+def run(rec: Recorded, *, nodes: str | None = None, iters: int = 30,
         batch_size: int | None = None, data: str | None = None, model: str | None = None,
         threads: int | None = None, extra: str = "", output: str | None = None) -> Path:
     """One process on the first node, then the first `nodes` (default: every training node) in
     tensor parallelism; the JSON written."""
     from rich.console import Console
 
-    if mode != "tensor":
-        raise UserError(f"--parallel {mode}: bench.scaling compares data (its default) or tensor")
     available = len(rec.cluster.training_nodes)
     if nodes and (not str(nodes).isdigit() or not 2 <= int(nodes) <= available):
-        raise UserError(f"--nodes {nodes}: with --parallel tensor, how many nodes hold a shard, from 2 "
+        raise UserError(f"--nodes {nodes}: how many nodes hold a shard, from 2 "
                         f"to the {available} training nodes")
     sharded = rec.cluster.first_nodes(int(nodes)) if nodes else rec.cluster
     data_dir, model_dir = inputs.resolve(rec.cluster, data, model)
