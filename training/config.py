@@ -86,6 +86,10 @@ class FinetuneConfig:
     resume_adapter_file: str | None = field(
         default=None, metadata={"help": "adapters.safetensors to start a new run from"}
     )
+    save_rank_weights: bool = field(
+        default=False,
+        metadata={"help": "every rank also writes the weights all ranks hold alike, to compare them"},
+    )
 
 
 CONFIG_KEYS = tuple(f.name for f in dataclasses.fields(FinetuneConfig))

@@ -363,6 +363,16 @@ def write_summary(
     return summary
 
 
+def write_rank_weights(out: Path, group: Any, weights: Mapping[str, mx.array]) -> Path:
+    """save_rank_weights: this rank's own copy of the weights every rank must hold alike, at
+    <out>/ranks/rank<N>.safetensors on its node, for a check that does not trust the run's own
+    figure (the lab tests compare the files of every node)."""
+    path = out / "ranks" / f"rank{group.rank()}.safetensors"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    checkpoint.save_safetensors(path, weights)
+    return path
+
+
 # --- the run ---------------------------------------------------------------------------------------
 
 
@@ -402,6 +412,8 @@ def run(
         checks = check_ranks(loaded.model, group, trained_tokens, loaded.layout)
     finally:
         watchdog.stop()
+    if config.save_rank_weights:
+        write_rank_weights(out, group, loaded.layout.replicated(loaded.model))
     if not rank0:
         return None
     wall_time = time.monotonic() - started

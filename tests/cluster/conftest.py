@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import os
@@ -169,3 +170,78 @@ def tiny_inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     model_dir = model_tools.fetch(str(tmp / "tiny-src"), tmp / "tiny", dtype="float32")
     prepare(REPO / "training/data/pirate.jsonl", tmp / "pirate")
     return model_dir, tmp / "pirate"
+
+
+# --- checks that do not trust the run's own figures ------------------------------------------------
+
+
+def rank_weights(cluster: LabCluster, run_dir: Path, nodes: list[int]) -> list[dict[str, Any]]:
+    """Each rank's own copy of the weights all ranks hold alike (a run with save_rank_weights), in
+    rank order, read from the nodes it trained on: the files under the run's path on each node
+    (the launcher's path, the same on every node)."""
+    import mlx.core as mx
+
+    remote = f"/opt/mlx-cluster/runs/{run_dir.name}/ranks"
+    found: dict[int, dict[str, Any]] = {}
+    for node in nodes:
+        listing = cluster.ssh(node, f"ls {remote}")
+        for name in listing.stdout.split():
+            rank = int(name.removeprefix("rank").removesuffix(".safetensors"))
+            got = cluster.ssh(node, f"base64 -w0 {remote}/{name}")
+            assert got.returncode == 0 and rank not in found, (node, name, got.stderr)
+            local = run_dir / "ranks" / f"node{node}.{name}"
+            local.parent.mkdir(parents=True, exist_ok=True)
+            local.write_bytes(base64.b64decode(got.stdout))
+            weights = mx.load(str(local))
+            assert isinstance(weights, dict) and weights, local
+            found[rank] = weights
+    assert sorted(found) == list(range(len(found))) and len(found) >= len(nodes), sorted(found)
+    return [found[rank] for rank in sorted(found)]
+
+
+def assert_equal_across_ranks(weights: list[dict[str, Any]]) -> None:
+    """Every rank's file holds the same arrays as rank 0's, bit for bit."""
+    import mlx.core as mx
+
+    first = weights[0]
+    for rank, other in enumerate(weights[1:], start=1):
+        assert other.keys() == first.keys(), rank
+        unequal = [k for k in first if not mx.array_equal(first[k], other[k]).item()]
+        assert unequal == [], f"rank {rank} differs from rank 0 in {unequal[:5]}"
+
+
+def one_process_run(run_dir: Path, model_dir: Path, data_dir: Path, out: Path) -> Path:
+    """The run's own settings (its config.yaml) trained again by one process on the controller:
+    the same global batches, nothing split, the reference a run on several ranks must match."""
+    settings = yaml.safe_load((run_dir / "config.yaml").read_text())
+    settings |= {"model": str(model_dir), "data": str(data_dir), "adapter_path": str(out),
+                 "parallel": "data", "batch_shares": None, "max_micro_batch": None,
+                 "save_rank_weights": False}
+    config = out.with_suffix(".yaml")
+    config.write_text(yaml.safe_dump(settings))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "MLX_"))}
+    proc = subprocess.run([sys.executable, "-m", "training.finetune", "--config", str(config)], cwd=REPO,
+                          env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return out
+
+
+def assert_trains_as_one_process(run_dir: Path, reference: Path, tolerance: float = 1e-4) -> float:
+    """The run's adapters and its reported losses equal one process's on the same global batches,
+    within float tolerance (the order of sums differs across ranks); the largest difference."""
+    import mlx.core as mx
+
+    from training.loop import report
+
+    ours = mx.load(str(run_dir / "adapters.safetensors"))
+    theirs = mx.load(str(reference / "adapters.safetensors"))
+    assert isinstance(ours, dict) and isinstance(theirs, dict) and ours.keys() == theirs.keys()
+    assert {k: v.shape for k, v in ours.items()} == {k: v.shape for k, v in theirs.items()}
+    difference = max(mx.abs(ours[k] - theirs[k]).max().item() for k in ours)
+    moved = max(mx.abs(v).max().item() for v in theirs.values())
+    assert difference < tolerance < moved, (difference, moved)
+    for key in ("train_loss", "val_loss"):
+        mine = [r[key] for r in report.read_metrics(run_dir / "metrics.jsonl") if key in r]
+        one = [r[key] for r in report.read_metrics(reference / "metrics.jsonl") if key in r]
+        assert len(mine) == len(one) > 0 and mine == pytest.approx(one, abs=tolerance), (key, mine, one)
+    return difference

@@ -18,12 +18,20 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import mlx.core as mx
 import pytest
 import yaml
 
 from mlxcluster import paths
 from mlxcluster.lab import hosts
-from tests.cluster.conftest import LabCluster, sub_cluster
+from tests.cluster.conftest import (
+    LabCluster,
+    assert_equal_across_ranks,
+    assert_trains_as_one_process,
+    one_process_run,
+    rank_weights,
+    sub_cluster,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -57,7 +65,7 @@ def run_dir_of(stdout: str) -> Path:
                                 if line.strip().startswith("run 2"))
 
 
-def test_train_runs_on_both_nodes_over_the_link_and_brings_results_back(provisioned, tiny_inputs):
+def test_train_runs_on_both_nodes_over_the_link_and_brings_results_back(provisioned, tiny_inputs, tmp_path):
     model_dir, data_dir = tiny_inputs
     link_bytes = "cat /sys/class/net/bridge0/statistics/rx_bytes"
     before = int(provisioned.ssh(2, link_bytes).stdout)
@@ -65,14 +73,20 @@ def test_train_runs_on_both_nodes_over_the_link_and_brings_results_back(provisio
     proc = invoke_train(provisioned, "--model", str(model_dir), "--data", str(data_dir), "--iters", "8",
                         "--batch-size", "2", "--extra",
                         "--steps-per-report 2 --steps-per-eval 4 --val-batches 2 --num-layers 2 "
-                        "--learning-rate 1e-3 --max-seq-length 512")
+                        "--learning-rate 1e-3 --max-seq-length 512 --save-rank-weights")
     run_dir = finished_run(proc)
     assert "training on 2 ranks (mpi)" in proc.stdout
     try:
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["world_size"] == 2
-        # The LoRA weights after training are identical on both ranks.
+        # The LoRA weights after training are identical on both ranks: the run says so, and each
+        # node's own file of its rank's weights shows it, equal to the adapters that came back.
         assert summary["max_weight_difference_across_ranks"] == 0.0
+        weights = rank_weights(provisioned, run_dir, [1, 2])
+        assert_equal_across_ranks([*weights, mx.load(str(run_dir / "adapters.safetensors"))])
+        # And they are one process's adapters on the same global batches, report by report.
+        reference = one_process_run(run_dir, model_dir, data_dir, tmp_path / "one")
+        print(f"2 ranks against 1 process: {assert_trains_as_one_process(run_dir, reference):.3g}")
         # Every rank ran with the OpenBLAS that provisioning preloads, not mlx[cpu]'s own BLAS.
         assert summary["ranks_with_openblas"] == 2
         assert summary["final_train_loss"] < summary["first_train_loss"]
@@ -87,26 +101,31 @@ def test_train_runs_on_both_nodes_over_the_link_and_brings_results_back(provisio
 
 
 def test_ring_backend_trains_a_sharded_model_with_mlx_launch_and_the_rendered_hosts_json(provisioned,
-                                                                                      tiny_inputs):
+                                                                                      tiny_inputs, tmp_path):
     # Tensor parallelism (each node half of every layer) over MLX's ring backend, as a user asks.
     model_dir, data_dir = tiny_inputs
     proc = invoke_train(
         provisioned, "--backend", "ring", "--parallel", "tensor", "--model", str(model_dir), "--data",
         str(data_dir), "--iters", "4", "--batch-size", "2", "--extra",
-        "--steps-per-report 2 --steps-per-eval 4 --val-batches 1 --num-layers 1 --max-seq-length 512")
+        "--steps-per-report 2 --steps-per-eval 4 --val-batches 1 --num-layers 1 --max-seq-length 512 "
+        "--learning-rate 1e-3 --save-rank-weights")
     run_dir = finished_run(proc)
     assert "==> tensor parallel: each of the 2 ranks holds 1/2 of every layer" in proc.stdout
     try:
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["world_size"] == 2 and summary["parallel"] == "tensor"
-        # The LoRA matrices every rank holds whole are equal on both.
+        # The LoRA matrices every rank holds whole are equal on both: the run's figure, and the
+        # files each node wrote of its rank's.
         assert summary["max_weight_difference_across_ranks"] == 0.0
+        assert_equal_across_ranks(rank_weights(provisioned, run_dir, [1, 2]))
+        # The gathered adapters and the losses are one process's on the same global batches.
+        reference = one_process_run(run_dir, model_dir, data_dir, tmp_path / "one")
+        difference = assert_trains_as_one_process(run_dir, reference)
+        print(f"2 tensor-parallel ranks against 1 process: {difference:.3g}")
         assert len(summary["peak_memory_gb_per_rank"]) == 2
         # Each ring rank sourced its env.sh: venv python, OpenBLAS preloaded.
         assert summary["ranks_with_openblas"] == 2
         # The adapters came back gathered: one process's file, every matrix whole.
-        import mlx.core as mx
-
         adapters = mx.load(str(run_dir / "adapters.safetensors"))
         hidden = json.loads((model_dir / "config.json").read_text())["hidden_size"]
         assert {w.shape for name, w in adapters.items() if name.endswith("o_proj.lora_a")} == {(hidden, 8)}
@@ -237,8 +256,6 @@ def invoke_train(cluster, *args: str, timeout: float = 900) -> subprocess.Comple
 
 
 def max_adapter_difference(a: Path, b: Path) -> float:
-    import mlx.core as mx
-
     first, second = mx.load(str(a / "adapters.safetensors")), mx.load(str(b / "adapters.safetensors"))
     assert isinstance(first, dict) and isinstance(second, dict) and first.keys() == second.keys()
     return max(mx.abs(first[k] - second[k]).max().item() for k in first)
@@ -377,12 +394,17 @@ def test_a_slowed_node_gets_a_smaller_share_from_its_calibration(provisioned, ti
         speeds = json.loads((tmp_path / "calibrate.json").read_text())["nodes"]
         assert speeds["node2"]["tokens_per_second"] < 0.8 * speeds["node1"]["tokens_per_second"], speeds
         run_dir = finished_run(invoke_train(provisioned, *inputs, "--iters", "4", "--batch-size", "8",
-                                            "--extra", tiny))
+                                            "--extra", tiny + " --learning-rate 1e-3 --save-rank-weights"))
         try:
             summary = json.loads((run_dir / "summary.json").read_text())
             shares = summary["batch"]["shares"]
             assert sum(shares) == 8 and shares[0] > shares[1] >= 1, shares
             assert summary["max_weight_difference_across_ranks"] == 0.0
+            assert_equal_across_ranks(rank_weights(provisioned, run_dir, [1, 2]))
+            # Unequal shares of each global batch train one process's adapters on the whole batch.
+            reference = one_process_run(run_dir, model_dir, data_dir, tmp_path / "one")
+            difference = assert_trains_as_one_process(run_dir, reference)
+            print(f"shares {shares} against 1 process: {difference:.3g}")
             info = json.loads((run_dir / "run.json").read_text())
             assert info["batch_shares"] == shares and info["batch_shares_why"].startswith(
                 "from the calibration of ")

@@ -19,7 +19,14 @@ import pytest
 
 from mlxcluster import paths
 from mlxcluster.lab import hosts
-from tests.cluster.conftest import TEST_LAB_ID, LabCluster
+from tests.cluster.conftest import (
+    TEST_LAB_ID,
+    LabCluster,
+    assert_equal_across_ranks,
+    assert_trains_as_one_process,
+    one_process_run,
+    rank_weights,
+)
 from tests.cluster.test_train import INVOKE, REPO, finetune_pids, finished_run, invoke_train
 
 pytestmark = pytest.mark.cluster
@@ -94,16 +101,22 @@ def test_links_mode_converges_cable_by_cable_and_a_second_run_changes_nothing(ca
     assert [h["ips"] for h in hosts["hosts"]] == [[f"{POOL}.10"], [f"{POOL}.2"], [f"{POOL}.6"]]
 
 
-def test_ring_training_runs_over_every_cable(cabled, tiny_inputs):
+def test_ring_training_runs_over_every_cable(cabled, tiny_inputs, tmp_path):
     model_dir, data_dir = tiny_inputs
     before = cable_bytes(cabled)
     # --backend auto (the default): a ring of cables, no RDMA on Linux: ring, and it says why.
     proc = invoke_train(cabled, "--model", str(model_dir), "--data", str(data_dir), "--iters", "6",
-                        "--batch-size", "3", "--extra", TINY_RUN + " --steps-per-eval 6", timeout=600)
+                        "--batch-size", "3", "--extra",
+                        TINY_RUN + " --steps-per-eval 6 --learning-rate 1e-3 --save-rank-weights",
+                        timeout=600)
     run_dir = finished_run(proc)
     try:
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["world_size"] == 3 and summary["max_weight_difference_across_ranks"] == 0.0
+        # Each node's file of its rank's weights: the same on all three, and one process's.
+        assert_equal_across_ranks(rank_weights(cabled, run_dir, [1, 2, 3]))
+        reference = one_process_run(run_dir, model_dir, data_dir, tmp_path / "one")
+        print(f"3 ring ranks against 1 process: {assert_trains_as_one_process(run_dir, reference):.3g}")
         why = "the cables make a ring; RDMA is not known on node1, node2, node3"
         assert f"==> backend ring: {why}" in proc.stdout
         info = json.loads((run_dir / "run.json").read_text())
