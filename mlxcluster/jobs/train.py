@@ -59,6 +59,10 @@ class Request:
 
 @dataclass(frozen=True)
 class Plan:
+    """One run, whole: the cluster as recorded, what it trains on, the shares, the backend and the
+    command lines, and what it says and records of itself. Syncing, launching and collecting take
+    this and nothing else (`execute`); a dry run prints it (`show`)."""
+
     cluster: Cluster
     request: Request
     run_id: str
@@ -69,6 +73,9 @@ class Plan:
     pull: list[str]
     backend_why: str = ""  # why this backend (mlxcluster/describe/backends.py)
     shares: batch_shares.Shares | None = None  # None: equal shares, as training does by itself
+    inventory: str = ""  # the inventory the cluster was recorded from
+    said: tuple[str, ...] = ()  # what the run says of itself before it starts: backend, shares, split
+    record: Mapping[str, Any] = field(default_factory=dict)  # run.json's fields known before launch
 
     @property
     def results(self) -> Path:
@@ -95,7 +102,8 @@ def finetune_argv(*, model: str, data: str, adapter_path: str, config: str | Non
     return [*argv, *overrides]
 
 
-def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = False) -> Plan:
+def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = False,
+         inventory: str = "") -> Plan:
     """The run, as commands: nothing is run. resume: continue run_id from its latest checkpoint
     (request.config is then the run's own config.yaml)."""
     data, model = shipments(request)
@@ -118,8 +126,28 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
     job = builder.Job(program, backend=backend, interface=request.interface,
                      btl_tcp_links=request.btl_tcp_links, threads=request.threads,
                      interactive=request.interactive, mlx_envs=request.mlx_envs)
-    return Plan(cluster, request, run_id, resume, backend, steps, builder.command(cluster, job),
-                sync.pull(cluster.head, run_dir, RUNS / run_id), backend_why=choice.why, shares=shared)
+    said = [*([f"backend {backend}: {choice.why}"] if choice.why else []),
+            *([shares_line(shared)] if shared else []),
+            *([tensor] if (tensor := parallel.line(cluster, request.parallel)) else [])]
+    launch = builder.command(cluster, job)
+    return Plan(cluster, request, run_id, resume, backend, steps, launch,
+                sync.pull(cluster.head, run_dir, RUNS / run_id), backend_why=choice.why, shares=shared,
+                inventory=inventory, said=tuple(said),
+                record=run_record(cluster, request, inventory, backend, choice.why, shared, launch))
+
+
+def run_record(cluster: Cluster, request: Request, inventory: str, backend: str, why: str,
+               shared: batch_shares.Shares | None, launch: Sequence[str]) -> dict[str, Any]:
+    """run.json as a run starts: what it trains on and how it is launched."""
+    return {"inventory": inventory, "model": str(request.model.resolve()),
+            # The model's identity, so that a resume with another --model is refused.
+            "model_sha256": manifest_sha256(request.model.resolve()),
+            "data": str(request.data.resolve()), "world_size": cluster.world_size,
+            # As launched (a resume launches the same way); one rank alone runs directly.
+            "backend": "mpi" if backend == "direct" else backend, "backend_why": why,
+            "batch_shares": shared.shares if shared else None,
+            "batch_shares_why": shared.why if shared else None,
+            "parallel": request.parallel, "launch": shlex.join(launch)}
 
 
 def shipments(request: Request) -> tuple[shipment.Shipment, shipment.Shipment]:
@@ -159,14 +187,8 @@ def pending_notes(request: Request) -> list[str]:
 
 def show(plan: Plan, notes: Sequence[str] = ()) -> None:
     """--dry-run: what the plan rests on (`notes`), then every command, in order."""
-    for note in notes:
-        print(f"# {note}")
-    if plan.backend_why:
-        print(f"# backend {plan.backend}: {plan.backend_why}")
-    if plan.shares:
-        print(f"# {shares_line(plan.shares)}")
-    if tensor := parallel.line(plan.cluster, plan.request.parallel):
-        print(f"# {tensor}")
+    for line in (*notes, *plan.said):
+        print(f"# {line}")
     sync.run_steps(plan.steps, dry_run=True)
     print(f"# launch on {plan.cluster.head.name}\n{shlex.join(plan.launch)}")
     print(f"# bring the results back\n{shlex.join(plan.pull)}")
@@ -196,34 +218,20 @@ def shares_line(shared: batch_shares.Shares) -> str:
     return line
 
 
-def execute(plan: Plan, inventory: str) -> Path:
+def execute(plan: Plan) -> Path:
     """Sync, launch on every slot, bring the results back: runs/<id>. Raises TrainFailed when
     training fails (what arrived is still kept in runs/<id>), Interrupted on Ctrl-C."""
     synced = time.perf_counter()
     sync.run_steps(plan.steps)
     ranks = f"{plan.cluster.world_size} rank{'s' if plan.cluster.world_size > 1 else ''}"
     how = "one process, no launcher" if plan.backend == "direct" else plan.backend
-    if plan.backend != "direct" and plan.backend_why:
-        print(f"==> backend {plan.backend}: {plan.backend_why}", flush=True)
-    if plan.shares:
-        print(f"==> {shares_line(plan.shares)}", flush=True)
-    if tensor := parallel.line(plan.cluster, plan.request.parallel):
-        print(f"==> {tensor}", flush=True)
+    for line in plan.said:
+        if not (plan.backend == "direct" and line.startswith("backend ")):  # one process: no backend
+            print(f"==> {line}", flush=True)
     print(f"==> {'resuming run ' + plan.run_id if plan.resume else 'training'} on {ranks} ({how}); "
           "rank 0 reports:", flush=True)
-    info = {"inventory": inventory, "model": str(plan.request.model.resolve()),
-            # The model's identity, so that a resume with another --model is refused.
-            "model_sha256": manifest_sha256(plan.request.model.resolve()),
-            "data": str(plan.request.data.resolve()), "world_size": plan.cluster.world_size,
-            # As launched (a resume launches the same way); one rank alone runs directly.
-            "backend": "mpi" if plan.backend == "direct" else plan.backend,
-            "backend_why": plan.backend_why,
-            "batch_shares": plan.shares.shares if plan.shares else None,
-            "batch_shares_why": plan.shares.why if plan.shares else None,
-            "parallel": plan.request.parallel,
-            "status": "running", "exit_code": None,
-            "wall_time_s": None, "sync_s": round(time.perf_counter() - synced, 1),
-            "launch": shlex.join(plan.launch)}
+    info = {**plan.record, "status": "running", "exit_code": None, "wall_time_s": None,
+            "sync_s": round(time.perf_counter() - synced, 1)}
     if plan.resume:
         attempts = runs.read_info(plan.results).get("attempts", 1)
         info["attempts"] = (attempts if isinstance(attempts, int) else 1) + 1
@@ -261,7 +269,8 @@ def execute(plan: Plan, inventory: str) -> Path:
 def launch_run(cluster: Cluster, request: Request, inventory: str, *, run_id: str | None = None,
                resume: bool = False) -> Path:
     """Plan and execute one run on `cluster` (or a sub-layout of it): its runs/<id>."""
-    return execute(plan(cluster, request, run_id=run_id or runs.new_id(), resume=resume), inventory)
+    return execute(plan(cluster, request, run_id=run_id or runs.new_id(), resume=resume,
+                        inventory=inventory))
 
 
 @dataclass(frozen=True)
@@ -344,9 +353,9 @@ def train(inventory: str, options: Options) -> Path | None:
         raise UserError(f"--backend must be auto, {', '.join(builder.BACKENDS)}, not {options.backend!r}")
     request = request_for(rec, options, fetch=not options.dry_run and not resume_run)
     the_plan = plan(rec.cluster, request, run_id=resume_run or runs.new_id(),
-                    resume=resume_run is not None)
+                    resume=resume_run is not None, inventory=rec.inventory)
     if options.dry_run:
         show(the_plan, [*notes, *pending_notes(request)])
         return None
     doctor.preflight(rec.cluster, inputs.model_bytes(request.model))
-    return execute(the_plan, rec.inventory)
+    return execute(the_plan)

@@ -117,7 +117,7 @@ def run_task(inventory: Path, places: dict[str, str], values: dict[str, Any],
     """invoke train with these values: its plan when it would launch, else its one-line refusal."""
     given = {k: places[v[1:]] if isinstance(v, str) and v.startswith("@") else v for k, v in values.items()}
 
-    def launched(plan: training.Plan, inventory: str) -> Path:
+    def launched(plan: training.Plan) -> Path:
         raise Launched(plan)
 
     monkeypatch.setattr(training, "execute", launched)
