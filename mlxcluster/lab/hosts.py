@@ -481,9 +481,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("action", choices=["up", "down", "status", "cache"])
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--lab", type=int, default=int(os.environ.get("MLX_LAB_ID", "0")))
+    parser.add_argument("--cables", choices=veth.KINDS,
+                        help="up: cable the hosts point to point (links mode), not through the bridge")
     args = parser.parse_args(argv)
     actions = {
-        "up": lambda: print(up(args.nodes, args.lab)),
+        "up": lambda: print(up(args.nodes, args.lab, cables=args.cables)),
         "cache": prepare_offline_cache,
         "down": lambda: down(args.lab),
         "status": lambda: print(json.dumps(status(args.lab), indent=2)),

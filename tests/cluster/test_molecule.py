@@ -1,8 +1,9 @@
-"""Each role's molecule scenario (roles/<role>/molecule/default) on real lab hosts.
+"""Every molecule scenario of every role (roles/<role>/molecule/<scenario>) on real lab hosts.
 
-`molecule test` in the role directory: fresh lab hosts (molecule/shared/create.yml),
-prepare, converge, a second converge that must change nothing, the scenario's checks
-(verify.yml), and the lab taken down again (molecule/shared/destroy.yml).
+Each role has its `default` scenario; a role with variants has one more per variant (thunderbolt's
+`links`: per-cable networks). `molecule test -s <scenario>` in the role directory: fresh lab hosts
+(molecule/shared/create.yml), prepare, converge, a second converge that must change nothing, the
+scenario's checks (verify.yml), and the lab taken down again (molecule/shared/destroy.yml).
 """
 
 from __future__ import annotations
@@ -26,6 +27,14 @@ ROLES = ["thunderbolt", "ssh_mesh", "openmpi", "python_env", "model", "hostfile"
 LAB_ID = os.environ.get("MLX_TEST_LAB_ID", "5")
 
 
+def scenarios() -> list[tuple[str, str]]:
+    """(role, scenario) of every scenario on disk: the roles in ROLES' order, then any other, each
+    role's default scenario first."""
+    found = sorted((p.parts[-4], p.parts[-2]) for p in (REPO / "roles").glob("*/molecule/*/molecule.yml"))
+    order = {role: i for i, role in enumerate(ROLES)}
+    return sorted(found, key=lambda rs: (order.get(rs[0], len(ROLES)), rs[0], rs[1] != "default", rs[1]))
+
+
 @pytest.fixture(scope="module")
 def offline_cache() -> None:
     """Lab hosts install from the machine's caches: fill them once (quick when full)."""
@@ -39,6 +48,9 @@ def test_every_role_has_a_scenario() -> None:
     missing = [r for r in roles if not (REPO / "roles" / r / "molecule/default/molecule.yml").is_file()]
     assert not missing, f"roles without a molecule scenario: {missing}"
     assert set(ROLES) <= set(roles)
+    # A scenario folder without its molecule.yml would be left out of the runs below unnoticed.
+    folders = sorted(str(p.relative_to(REPO)) for p in (REPO / "roles").glob("*/molecule/*") if p.is_dir())
+    assert folders == [f"roles/{role}/molecule/{scenario}" for role, scenario in sorted(scenarios())]
 
 
 def test_molecule_finds_the_shared_base_config_from_a_role() -> None:
@@ -51,13 +63,13 @@ def test_molecule_finds_the_shared_base_config_from_a_role() -> None:
     assert proc.stdout.strip() == str(REPO / ".config/molecule/config.yml"), proc.stderr
 
 
-@pytest.mark.parametrize("role", ROLES)
-def test_molecule_scenario_passes(role: str, offline_cache: None) -> None:
+@pytest.mark.parametrize(("role", "scenario"), [pytest.param(*rs, id="-".join(rs)) for rs in scenarios()])
+def test_molecule_scenario_passes(role: str, scenario: str, offline_cache: None) -> None:
     # molecule runs ansible-config and ansible-playbook from PATH.
     env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
            "MLX_LAB_ID": LAB_ID, "ANSIBLE_FORCE_COLOR": "0", "NO_COLOR": "1"}
     env.pop("MOLECULE_EPHEMERAL_DIRECTORY", None)
-    proc = subprocess.run([str(VENV_BIN / "molecule"), "test"], cwd=REPO / "roles" / role,
+    proc = subprocess.run([str(VENV_BIN / "molecule"), "test", "-s", scenario], cwd=REPO / "roles" / role,
                           env=env, capture_output=True, text=True, timeout=1800)
     output = proc.stdout + proc.stderr
     if proc.returncode != 0:
