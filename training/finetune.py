@@ -349,7 +349,8 @@ def write_summary(
     cut = batch_plan(config, len(checks.rank_tokens))
     # In tensor parallelism the ranks compute the batch together, as one data rank.
     summary["batch"] = report.batch_split(
-        cut.shares, cut.micro_batches, checks.rank_tokens[:len(cut.shares)], summary.get("tokens_per_second")
+        cut.shares, cut.micro_batches, checks.rank_tokens[:len(cut.shares)], summary.get("tokens_per_second"),
+        cut.limits,
     )
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     try:

@@ -147,6 +147,7 @@ def run_record(cluster: Cluster, request: Request, inventory: str, backend: str,
             "backend": "mpi" if backend == "direct" else backend, "backend_why": why,
             "batch_shares": shared.shares if shared else None,
             "batch_shares_why": shared.why if shared else None,
+            "batch_step_times": [round(t, 3) for t in shared.step_times] if shared else None,
             "parallel": request.parallel, "launch": shlex.join(launch)}
 
 
@@ -212,9 +213,15 @@ def _why(plan: Plan, output: str, code: int | None, oom_before: Mapping[str, int
 
 
 def shares_line(shared: batch_shares.Shares) -> str:
+    """What a run says of its shares: each rank's examples, why, each rank's expected step time
+    against the fastest's (1.00 everywhere: exactly proportional), and the micro-batch caps."""
     line = f"batch shares {','.join(map(str, shared.shares))} ({shared.why})"
+    if shared.step_times:
+        times = ", ".join(f"{t:.2f}" for t in shared.step_times)
+        line += f"; each rank's part of a step {times}x the fastest's"
     if any(shared.limits):
-        line += f"; at most {','.join(map(str, shared.limits))} examples at once (max_micro_batch)"
+        caps = ", ".join(str(cap) if cap else "no limit" for cap in shared.limits)
+        line += f"; at most {caps} examples at once (max_micro_batch)"
     return line
 
 
@@ -260,6 +267,8 @@ def execute(plan: Plan) -> Path:
         raise TrainFailed(f"training failed (exit {relayed.code}): {why}; what arrived "
                           f"is in {plan.results}{runs.resume_hint(plan.results)}",
                           code=relayed.code or 1)
+    if plan.shares and plan.shares.step_times:
+        runs.add_step_times(plan.results, plan.shares.step_times)
     if not (plan.results / "loss.png").exists():
         # Nodes need no matplotlib: the controller draws the plot from the metrics.
         local.python_module("training.loop.report", [str(plan.results)])

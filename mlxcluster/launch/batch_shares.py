@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,12 @@ class Shares:
     shares: list[int]  # examples per rank, in rank order
     limits: list[int]  # max_micro_batch per rank (0: none)
     why: str
+    weights: list[float] = field(default_factory=list, compare=False)  # each rank's, as split
+
+    @property
+    def step_times(self) -> list[float]:
+        """Each rank's expected time for its part of a step, relative to the fastest rank's."""
+        return shares.step_times(self.shares, self.weights) if self.weights else []
 
     @property
     def args(self) -> list[str]:
@@ -132,4 +138,4 @@ def for_run(cluster: Cluster, config: Path | None, overrides: Sequence[str],
         cut = shares.split(settings.batch_size, given)
     except shares.ShareError as error:
         raise UserError(str(error)) from None
-    return Shares(cut, limits, f"from {source}")
+    return Shares(cut, limits, f"from {source}", given)

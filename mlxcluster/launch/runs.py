@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,18 @@ def recorded_path(results: Path, info: dict[str, Any], key: str) -> str:
         raise RunError(f"{results / 'run.json'} names no {key}: the run's record is damaged; start a "
                        "new run with invoke train")
     return value
+
+
+def add_step_times(run: Path, times: Sequence[float]) -> None:
+    """Put what only the controller knows into the summary the ranks wrote: each rank's expected
+    time for its part of a step, relative to the fastest rank's (from the weights it split by)."""
+    path = run / "summary.json"
+    summary = json.loads(path.read_text())
+    for rank, time in zip(summary.get("batch", {}).get("ranks", []), times, strict=False):
+        rank["expected_step_time"] = round(time, 3)
+    partial = path.with_name(".summary.json.partial")
+    partial.write_text(json.dumps(summary, indent=2) + "\n")
+    partial.replace(path)
 
 
 def latest_checkpoint(results: Path) -> int | None:

@@ -1,11 +1,13 @@
 """Each rank's share of a global batch, and how many micro-batches it runs them in.
 
 A mixed cluster (an M1 Pro beside an M2 Max) trains fastest when each rank gets examples in
-proportion to its speed: then every rank finishes its part of a step at about the same time. The
-shares are whole examples that sum to the global batch, every rank at least one, split from
-relative weights by the largest remainder (Hamilton's method: each rank gets the whole part of its
-exact quota, and the examples left go to the largest fractions, ties to the lower rank), so that
-the same weights always give the same shares, on the controller and on every rank.
+proportion to its speed: then every rank finishes its part of a step at about the same time. A
+step lasts as long as its slowest rank, whose time is its share over its weight; the shares are
+the whole examples, every rank at least one, summing to the global batch, that make that slowest
+rank as fast as can be: exactly proportional whenever the weights allow it (5,1,1,1 of 8 gives
+5,1,1,1; 3,1,1,1 of 12 gives 6,2,2,2). They are dealt one example at a time to the rank that
+would finish soonest with it, ties to the lower rank, which is optimal for the slowest rank and
+gives the same shares for the same weights on the controller and on every rank.
 
 A rank whose memory cannot hold its share at once runs it as micro-batches of at most
 `max_micro_batch` examples, with the gradients accumulated. Every rank must take part in each
@@ -18,6 +20,7 @@ The standard library only: the controller imports this module too.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Sequence
 
@@ -36,16 +39,24 @@ def split(batch_size: int, weights: Sequence[float]) -> list[int]:
     if batch_size < len(weights):
         raise ShareError(f"a global batch of {batch_size} cannot give each of {len(weights)} ranks an "
                          f"example: use a batch_size of at least {len(weights)}")
-    # Every rank's one example first; the rest by weight.
-    rest = batch_size - len(weights)
-    total = float(sum(weights))
-    quotas = [rest * w / total for w in weights]
-    shares = [1 + math.floor(q) for q in quotas]
-    left = batch_size - sum(shares)
-    by_fraction = sorted(range(len(weights)), key=lambda r: (-(quotas[r] - math.floor(quotas[r])), r))
-    for rank in by_fraction[:left]:
+    # Every rank's one example first; then each next example to the rank whose time (share over
+    # weight) would be the least with it. Giving the example to any other rank could only make
+    # that rank's time, and so the slowest's, longer: the greedy deal is optimal.
+    shares = [1] * len(weights)
+    queue = [((1 + 1) / w, rank) for rank, w in enumerate(weights)]
+    heapq.heapify(queue)
+    for _ in range(batch_size - len(weights)):
+        _, rank = heapq.heappop(queue)
         shares[rank] += 1
+        heapq.heappush(queue, ((shares[rank] + 1) / weights[rank], rank))
     return shares
+
+
+def step_times(shares: Sequence[int], weights: Sequence[float]) -> list[float]:
+    """Each rank's expected time for its part of a step, relative to the fastest rank's (1.0)."""
+    times = [s / w for s, w in zip(shares, weights, strict=True)]
+    fastest = min(times)
+    return [t / fastest for t in times]
 
 
 def parse(text: str, world_size: int, what: str) -> list[int]:

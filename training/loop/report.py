@@ -81,11 +81,14 @@ def time_split(
 
 
 def batch_split(
-    shares: Sequence[int], micro_batches: int, rank_tokens: Sequence[int], tokens_per_second: float | None
+    shares: Sequence[int], micro_batches: int, rank_tokens: Sequence[int], tokens_per_second: float | None,
+    limits: Sequence[int] = (),
 ) -> dict[str, Any]:
-    """How the global batches were shared: each rank's examples per step, and its part of the
-    tokens and of the run's tokens/s (its tokens over the same training time)."""
+    """How the global batches were shared: each rank's examples per step, the most it ran at once
+    (max_micro_batch, "no limit" where none), and its part of the tokens and of the run's tokens/s
+    (its tokens over the same training time)."""
     total = sum(rank_tokens)
+    caps = list(limits) or [0] * len(shares)
     return {
         "shares": list(shares),
         "micro_batches": micro_batches,
@@ -93,10 +96,11 @@ def batch_split(
             {
                 "rank": rank,
                 "examples_per_step": share,
+                "max_micro_batch": cap or "no limit",
                 "trained_tokens": tokens,
                 "tokens_per_second": (tokens_per_second or 0.0) * tokens / total if total else 0.0,
             }
-            for rank, (share, tokens) in enumerate(zip(shares, rank_tokens, strict=True))
+            for rank, (share, tokens, cap) in enumerate(zip(shares, rank_tokens, caps, strict=True))
         ],
     }
 

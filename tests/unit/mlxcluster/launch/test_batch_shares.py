@@ -13,9 +13,10 @@ from mlxcluster.describe.inventory import cluster_share_errors, inventory_errors
 from mlxcluster.errors import UserError
 from mlxcluster.jobs import train as training
 from mlxcluster.jobs.train import shares_line
-from mlxcluster.launch import batch_shares, settings
+from mlxcluster.launch import batch_shares, runs, settings
 from tests.unit import fake_inputs
 from tests.unit.mlxcluster.jobs.test_train import lab_layout, plan
+from training.loop import report
 
 
 def layout(shares: dict[str, object], limits: dict[str, int] | None = None, slots: int = 1) -> Cluster:
@@ -86,7 +87,7 @@ def test_equal_shares_without_a_cap_pass_nothing_and_a_cap_alone_passes_only_the
     capped = plan(layout({}, {"node2": 1}), overrides=("--batch-size", "4"))
     assert capped.shares is not None and capped.shares.args == [
         "--batch-shares", "2,2", "--max-micro-batch", "0,1"]
-    assert "at most 0,1 examples at once (max_micro_batch)" in batch_shares_line(capped)
+    assert "at most no limit, 1 examples at once (max_micro_batch)" in batch_shares_line(capped)
 
 
 def test_a_config_that_sets_its_own_shares_is_left_as_it_is(tmp_path):
@@ -167,3 +168,29 @@ def test_a_calibration_runs_each_node_alone_with_the_whole_batch_and_its_own_cap
         shared = training_plan(solo, None, batch=4).shares
         assert shared is None if node.name == "node1" else shared == batch_shares.Shares(
             [4], [2], "from batch_share in the inventory")
+
+
+def test_the_shares_make_the_slowest_rank_fastest_and_the_run_says_each_ranks_time(tmp_path):
+    # Weights 5:1 of 8 were 6,2 by largest remainder after one example each: the 1-weight rank then
+    # took 2 units while the other took 1.2. The slowest rank is fastest at 7,1 (1.4 and 1 unit).
+    the_plan = plan(layout({"node1": 5, "node2": 1}), overrides=("--batch-size", "8"))
+    assert the_plan.shares is not None and the_plan.shares.shares == [7, 1]
+    assert the_plan.shares.step_times == pytest.approx([1.4, 1.0])
+    line = batch_shares_line(the_plan)
+    assert "each rank's part of a step 1.40, 1.00x the fastest's" in line and "at most" not in line
+    assert the_plan.record["batch_shares"] == [7, 1]
+    assert the_plan.record["batch_step_times"] == [1.4, 1.0]
+    # Exactly proportional weights: every rank's part takes as long.
+    even = plan(layout({"node1": 3, "node2": 1}), overrides=("--batch-size", "8")).shares
+    assert even is not None and even.step_times == [1.0, 1.0]
+    # The controller adds the expected times to the summary the ranks wrote.
+    (tmp_path / "summary.json").write_text(json.dumps({"batch": {"ranks": [{"rank": 0}, {"rank": 1}]}}))
+    runs.add_step_times(tmp_path, the_plan.shares.step_times)
+    ranks = json.loads((tmp_path / "summary.json").read_text())["batch"]["ranks"]
+    assert [r["expected_step_time"] for r in ranks] == [1.4, 1.0]
+
+
+def test_the_summary_says_no_limit_where_a_rank_has_no_micro_batch_cap():
+    split = report.batch_split([3, 1], 3, [30, 10], 40.0, [0, 1])
+    assert [r["max_micro_batch"] for r in split["ranks"]] == ["no limit", 1]
+    assert [r["max_micro_batch"] for r in report.batch_split([2], 1, [5], 1.0)["ranks"]] == ["no limit"]

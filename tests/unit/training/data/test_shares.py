@@ -4,10 +4,14 @@ batch, its micro-batches, and the loss scale that makes an update one process's 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator, Sequence
+from fractions import Fraction
 
 import mlx.core as mx
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mlx_lm.tuner import trainer
 
 from tests.unit.training.model.test_folder import tiny_model
@@ -25,25 +29,52 @@ from training.data.batches import rank_parts, summed_loss, target_mask
         (3, [100, 1, 1], [1, 1, 1]),  # every rank at least one, however slow
         (10, [5, 3, 2], [5, 3, 2]),
         (7, [2, 2, 2], [3, 2, 2]),
+        (8, [5, 1, 1, 1], [5, 1, 1, 1]),  # exactly proportional: every rank's step takes as long
+        (12, [3, 1, 1, 1], [6, 2, 2, 2]),
+        (9, [1, 1, 1, 1], [3, 2, 2, 2]),
     ],
 )
 def test_a_batch_is_split_by_weight_into_whole_examples(batch, weights, expected):
     assert shares.split(batch, weights) == expected
 
 
-def test_every_split_sums_to_the_batch_gives_each_rank_one_and_follows_the_weights():
+def slowest(cut: Sequence[int], weights: Sequence[Fraction]) -> Fraction:
+    return max(Fraction(s) / w for s, w in zip(cut, weights, strict=True))
+
+
+def every_split(batch: int, ranks: int) -> Iterator[tuple[int, ...]]:
+    """Every way to give `ranks` ranks at least one example each of `batch`."""
+    for bars in itertools.combinations(range(1, batch), ranks - 1):
+        edges = (0, *bars, batch)
+        yield tuple(b - a for a, b in itertools.pairwise(edges))
+
+
+@settings(max_examples=300, deadline=None)
+@given(weights=st.lists(st.integers(1, 9), min_size=1, max_size=4), extra=st.integers(0, 9))
+def test_the_slowest_rank_is_as_fast_as_any_split_makes_it(weights, extra):
+    batch = len(weights) + extra
+    cut = shares.split(batch, [float(w) for w in weights])
+    exact = [Fraction(w) for w in weights]
+    assert sum(cut) == batch and min(cut) >= 1
+    assert slowest(cut, exact) == min(slowest(other, exact) for other in every_split(batch, len(weights)))
+    # Proportional whenever the weights allow it: then every rank's part takes as long.
+    if any(all(Fraction(s) / w == Fraction(batch, sum(weights)) for s, w in zip(other, exact, strict=True))
+           for other in every_split(batch, len(weights))):
+        assert len({Fraction(s) / w for s, w in zip(cut, exact, strict=True)}) == 1
+
+
+def test_the_same_weights_give_the_same_shares_and_the_times_say_how_even_they_are():
     rng = np.random.default_rng(0)
-    for _ in range(2000):
+    for _ in range(500):
         ranks = int(rng.integers(1, 9))
         weights = [float(w) for w in rng.uniform(0.05, 10, ranks)]
-        batch = int(rng.integers(ranks, 200))
+        batch = int(rng.integers(ranks, 300))
         cut = shares.split(batch, weights)
         assert sum(cut) == batch and min(cut) >= 1
-        assert cut == shares.split(batch, list(weights))  # the same weights, the same shares
-        # Within one example of the exact quota of what is left after every rank's first.
-        rest = batch - ranks
-        for share, weight in zip(cut, weights, strict=True):
-            assert abs(share - 1 - rest * weight / sum(weights)) < 1 + 1e-9
+        assert cut == shares.split(batch, list(weights))
+        times = shares.step_times(cut, weights)
+        assert min(times) == 1.0 and len(times) == ranks
+    assert shares.step_times([6, 2], [1.0, 0.5]) == [1.5, 1.0]
 
 
 @pytest.mark.parametrize(
