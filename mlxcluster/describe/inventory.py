@@ -217,7 +217,8 @@ def _cluster_link_errors(groups: Mapping[str, Sequence[str]], cluster: list[str]
                          hostvars: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """The cluster link's problems: the cables in links mode, the one subnet on a bridge."""
     if topology.mode_of(cluster, hostvars) != "links":
-        return link_errors({host: hostvars.get(host, {}) for host in cluster})
+        return [*topology.topology_errors(cluster, hostvars),
+                *link_errors({host: hostvars.get(host, {}) for host in cluster})]
     return links_mode_errors(cluster, _ranked(groups, hostvars), hostvars)
 
 
@@ -305,6 +306,7 @@ def _ranked(groups: Mapping[str, Sequence[str]], hostvars: Mapping[str, Mapping[
 
 # What Ansible resolves for the checks and the topology, per host.
 LINK_KEYS = ("thunderbolt_ip", "thunderbolt_prefix", "thunderbolt_interface", "thunderbolt_mtu")
+SHARE_KEYS = ("batch_share", "max_micro_batch")  # a node's weight in each global batch, its cap
 TOPOLOGY_KEYS = ("thunderbolt_topology", "thunderbolt_links", "thunderbolt_link_pool", "cluster_backend")
 
 

@@ -106,9 +106,23 @@ def _pool(raw: Any) -> tuple[ipaddress.IPv4Network | None, str | None]:
     if pool.is_multicast or pool.is_loopback or pool.is_unspecified or pool.is_reserved:
         return None, (f"thunderbolt_link_pool {pool} is a multicast, loopback or reserved network: "
                       f"use a private one such as {DEFAULT_POOL}")
+    if not pool.is_private:
+        # Cable /30s out of a public network would shadow real hosts' addresses for the nodes.
+        return None, (f"thunderbolt_link_pool {pool} is not a private network: use one of "
+                      f"10.0.0.0/8, 172.16.0.0/12 or 192.168.0.0/16, such as {DEFAULT_POOL}")
     if pool.prefixlen > 30:
         return None, f"thunderbolt_link_pool {pool} holds no /30: give it a prefix of 30 or less"
     return pool, None
+
+
+def pool_size(pool: ipaddress.IPv4Network) -> int:
+    """How many cables (a /30 each) a pool has room for."""
+    return 2 ** (30 - pool.prefixlen)
+
+
+def cable_subnet(pool: ipaddress.IPv4Network, index: int) -> ipaddress.IPv4Network:
+    """The /30 of the index-th cable: counted, never listed (a /8 holds four million)."""
+    return ipaddress.IPv4Network((int(pool.network_address) + 4 * index, 30))
 
 
 def cables(links: Any, pool: Any, hosts: Sequence[str]) -> tuple[list[Cable], list[str]]:
@@ -124,7 +138,6 @@ def cables(links: Any, pool: Any, hosts: Sequence[str]) -> tuple[list[Cable], li
         return [], errors
     found: list[Cable] = []
     used: dict[Port, int] = {}
-    subnets = list(network.subnets(new_prefix=30)) if network else []
     for index, link in enumerate(links):
         if not isinstance(link, list | tuple) or len(link) != 2:
             errors.append(f"thunderbolt_links[{index}]: {link!r} is not a cable: list its two ends, "
@@ -144,12 +157,12 @@ def cables(links: Any, pool: Any, hosts: Sequence[str]) -> tuple[list[Cable], li
             errors.append(f"{where}: a port holds one cable, but {' and '.join(twice)} is used twice")
             continue
         used |= {a: index, b: index}
-        if network and index >= len(subnets):
-            errors.append(f"{where}: thunderbolt_link_pool {network} has room for {len(subnets)} "
+        if network and index >= pool_size(network):
+            errors.append(f"{where}: thunderbolt_link_pool {network} has room for {pool_size(network)} "
                           f"cables (a /30 each), not {len(links)}: give it a shorter prefix")
             continue
         if network:
-            found.append(Cable(index, (a, b), subnets[index]))
+            found.append(Cable(index, (a, b), cable_subnet(network, index)))
     return found, errors
 
 
@@ -266,11 +279,42 @@ def mode_of(hosts: Sequence[str], hostvars: Mapping[str, Mapping[str, Any]]) -> 
     return "links" if listed else "bridge"
 
 
+def topology_errors(hosts: Sequence[str], hostvars: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """A thunderbolt_topology that is neither bridge nor links (a misspelling would otherwise be
+    taken as links when cables are listed, as bridge when not, without a word)."""
+    mode, problem = cluster_setting("thunderbolt_topology", hosts, hostvars)
+    if problem:
+        return [problem]
+    if mode is not None and mode not in TOPOLOGIES:
+        return [f"thunderbolt_topology {mode!r} is not one of {', '.join(TOPOLOGIES)}: bridge (one "
+                "network through a Thunderbolt bridge) or links (a network per cable)"]
+    return []
+
+
+def management_overlap(pool: ipaddress.IPv4Network, hosts: Sequence[str],
+                       hostvars: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Nodes whose management address (ansible_host, when it is an address) lies in the link
+    pool: a cable's /30 over it would cut the node off from Ansible and ssh."""
+    inside = []
+    for host in hosts:
+        try:
+            address = ipaddress.IPv4Address(str(hostvars.get(host, {}).get("ansible_host", "")))
+        except ValueError:
+            continue  # a name, not an address: nothing to compare here
+        if address in pool:
+            inside.append(f"{host} ({address})")
+    if not inside:
+        return []
+    return [f"thunderbolt_link_pool {pool} holds the management address of {', '.join(inside)}: "
+            "the cables' /30s would take it over; choose a pool outside the network Ansible reaches "
+            f"the nodes on (the default is {DEFAULT_POOL})"]
+
+
 def links_errors(hosts: Sequence[str], training: Sequence[str],
                  hostvars: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """What is wrong with a `links` inventory: its cables, and whether the backend it asks for
     (cluster_backend) can run on them. `training`: the hosts with slots, in rank order."""
-    errors = []
+    errors = topology_errors(hosts, hostvars)
     settings = {}
     for key, default in (("thunderbolt_links", None), ("thunderbolt_link_pool", DEFAULT_POOL),
                          ("cluster_backend", "auto")):
@@ -278,6 +322,9 @@ def links_errors(hosts: Sequence[str], training: Sequence[str],
         errors += [problem] if problem else []
     if errors:
         return errors
+    network, _ = _pool(settings["thunderbolt_link_pool"])
+    if network:
+        errors += management_overlap(network, hosts, hostvars)
     for host in hosts:
         if hostvars.get(host, {}).get("thunderbolt_ip") not in (None, ""):
             errors.append(f"{host}: thunderbolt_ip is for thunderbolt_topology: bridge; with links "

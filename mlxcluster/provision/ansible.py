@@ -6,12 +6,14 @@ of the hostfiles and the recorded layout into the inventory's build folder (mlxc
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from mlxcluster import local
 from mlxcluster.errors import UserError
@@ -97,6 +99,29 @@ def parse_profile(output: str) -> list[tuple[str, float]]:
         return []
     rows = [(m["task"], float(m["seconds"])) for m in _PROFILE_LINE.finditer(summary)]
     return sorted(rows, key=lambda row: -row[1])
+
+
+JSON_OUTPUT = {"ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json"}
+
+
+def refusal(stdout: str) -> str | None:
+    """What the failed tasks of a run said (ansible.posix.json's output), one message per line
+    with no Ansible around it: validate.yml's list of an inventory's problems, say. None when
+    the output cannot be read or no task failed."""
+    try:
+        document = json.loads(stdout[stdout.index("{"):])
+    except ValueError:
+        return None
+    said: list[str] = []
+    for play in document.get("plays", []) if isinstance(document, dict) else []:
+        for task in play.get("tasks", []):
+            for result in task.get("hosts", {}).values():
+                if result.get("failed") or result.get("unreachable"):
+                    msg: Any = result.get("msg", "")
+                    for line in msg if isinstance(msg, list) else [msg]:
+                        if str(line) not in said:
+                            said.append(str(line))
+    return "\n".join(said) or None
 
 
 def timed_run(cmd: list[str], env: Mapping[str, str] | None = None) -> TimedRun:

@@ -9,11 +9,14 @@ shown as a placeholder that the plan's header explains.
 from __future__ import annotations
 
 import dataclasses
+import subprocess
 import tempfile
 from pathlib import Path
 
+from mlxcluster import local
 from mlxcluster.describe.cluster import Cluster, Node, NotReady, Recorded, recorded
-from mlxcluster.paths import build_dir_for
+from mlxcluster.errors import UserError
+from mlxcluster.paths import REPO, build_dir_for
 from mlxcluster.provision import ansible
 
 # A node's value that provisioning fills in: its placeholder in the plan, and where it comes from.
@@ -32,10 +35,15 @@ FILLED_IN: dict[str, tuple[str, str]] = {
 
 def from_inventory(inventory: str) -> Cluster:
     """The layout the inventory alone gives: settings, and cluster_root where it needs no facts.
-    A UserError with Ansible's message when validation refuses the inventory."""
+    A UserError with validation's own message, alone, when it refuses the inventory."""
     with tempfile.TemporaryDirectory(prefix="mlx-plan-") as scratch:
         plan = Path(scratch) / "cluster.json"
-        ansible.timed_run(ansible.render_hostfiles(inventory, scratch, plan=plan))
+        cmd = ansible.render_hostfiles(inventory, scratch, plan=plan)
+        proc = subprocess.run(cmd, cwd=REPO, env=local.tool_env(ansible.JSON_OUTPUT), capture_output=True,
+                              text=True)
+        if proc.returncode != 0:
+            said = ansible.refusal(proc.stdout)
+            raise UserError(said or f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}")
         return Cluster.load(plan)
 
 

@@ -10,6 +10,7 @@ address: here the coordinator address we give) and `IPConfigurator.setup` (runs 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 from pathlib import Path
 
@@ -136,6 +137,8 @@ def test_a_ring_hostfile_gives_each_node_its_address_towards_its_left_neighbour(
     ([["mac1:en2", "mac2:en2"]], "192.168.200.1/24", "not an IPv4 network"),
     ([["mac1:en2", "mac2:en2"]], "224.0.0.0/24", "multicast, loopback or reserved"),
     ([["mac1:en2", "mac2:en2"]], "10.0.0.0/31", "holds no /30"),
+    ([["mac1:en2", "mac2:en2"]], "8.8.8.0/24", "8.8.8.0/24 is not a private network"),
+    ([["mac1:en2", "mac2:en2"]], "0.0.0.0/0", "0.0.0.0/0 is not a private network"),
 ])
 def test_each_cabling_mistake_is_named_with_the_cable(links, pool, says):
     _, errors = topology.cables(links, pool, ["mac1", "mac2", "mac3"])
@@ -233,3 +236,31 @@ def test_a_links_inventory_is_checked_cable_by_cable_and_against_its_backend():
         "cluster_backend 'nccl' is not one of auto, ring, jaccl, jaccl-ring, mpi",
         "thunderbolt_mtu differs between the nodes (1500: mac1; 9000: mac2, mac3): every node on the "
         "link needs the same MTU; set it once for the whole cluster"]
+
+
+def test_a_pool_over_the_management_network_or_a_misspelt_topology_is_refused():
+    from mlxcluster.describe.inventory import inventory_errors
+
+    groups, hostvars = links_inventory(RING3, thunderbolt_link_pool="10.9.0.0/16")
+    hostvars["mac2"]["ansible_host"] = "10.9.4.2"  # an address: compared; names are not
+    assert inventory_errors(groups, hostvars) == [
+        "thunderbolt_link_pool 10.9.0.0/16 holds the management address of mac2 (10.9.4.2): the "
+        "cables' /30s would take it over; choose a pool outside the network Ansible reaches the nodes "
+        "on (the default is 192.168.200.0/24)"]
+    for cabled in (RING3, []):
+        groups, hostvars = links_inventory(cabled, thunderbolt_topology="link")
+        if not cabled:
+            for hv in hostvars.values():
+                del hv["thunderbolt_links"]
+        problems = inventory_errors(groups, hostvars)
+        assert problems[0] == ("thunderbolt_topology 'link' is not one of bridge, links: bridge (one "
+                               "network through a Thunderbolt bridge) or links (a network per cable)")
+
+
+def test_a_large_pool_is_counted_not_listed():
+    # Four million /30s in a /8: each cable's is computed, and the last one is still found.
+    links = [["mac1:en2", "mac2:en2"], ["mac2:en3", "mac3:en2"], ["mac3:en3", "mac1:en3"]]
+    found, errors = topology.cables(links, "10.0.0.0/8", ["mac1", "mac2", "mac3"])
+    assert errors == [] and [str(c.network) for c in found] == ["10.0.0.0/30", "10.0.0.4/30", "10.0.0.8/30"]
+    assert topology.pool_size(ipaddress.IPv4Network("10.0.0.0/8")) == 2**22
+    assert str(topology.cable_subnet(ipaddress.IPv4Network("10.0.0.0/8"), 2**22 - 1)) == "10.255.255.252/30"
