@@ -173,18 +173,24 @@ def _pairs(cluster: Cluster, nodes: Sequence[Node], facts: Facts) -> list[Check]
         for peer in cluster.nodes:
             if peer.name == node.name:
                 continue
-            address = cluster.address_towards(node, peer)
+            route = cluster.path_towards(node, peer)
+            address = route.address
             result = facts[node.name]["ssh"].get(address, {"ok": False, "error": ["not tried"]})
             error = " ".join(result["error"] or [])
             if result["ok"]:
                 fix = ""
             elif any(s in error for s in ("Permission denied", "Host key", "HOST IDENTIFICATION")):
                 fix = f"{REPROVISION} (the ssh_mesh role installs every node's key and pins host keys)"
+            elif not route.cabled:
+                fix = "check that the nodes reach each other on the network Ansible uses, and that sshd runs"
             else:
                 fix = "check the cable and both nodes' interface checks, and that sshd runs on the peer"
+            # Which way each pair goes is part of the answer: a cable, the bridge, or (no cable
+            # between them in links mode) the management network.
+            name = "ssh over the cluster link" if route.cabled else "ssh over the management network"
             checks.append(Check(
-                f"{node.name} -> {peer.name}", "ssh over the cluster link", result["ok"],
-                address if result["ok"] else f"{address}: {error}", fix))
+                f"{node.name} -> {peer.name}", name, result["ok"],
+                f"{address} ({route.over})" if result["ok"] else f"{address} ({route.over}): {error}", fix))
     return checks
 
 

@@ -64,6 +64,11 @@ class Node:
     max_micro_batch: int = 0
 
     @property
+    def management_address(self) -> str:
+        """Where the other nodes reach it without a cable: the address Ansible reaches it at."""
+        return str(self.connection.get("host") or self.management_ip or self.name)
+
+    @property
     def provisioned(self) -> bool:
         return all(getattr(self, name) for name in REQUIRED_PATHS)
 
@@ -72,6 +77,24 @@ class Node:
     work_dir = property(lambda self: f"{self.cluster_root or ''}/work")
     models_dir = property(lambda self: f"{self.cluster_root or ''}/models")
     runs_dir = property(lambda self: f"{self.cluster_root or ''}/runs")
+
+
+# The way between two nodes that no cable joins in links mode.
+MANAGEMENT = "the management network, no cable between them"
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where one node reaches another, and over what (a cable, the bridge, the management
+    network)."""
+
+    address: str
+    over: str
+
+    @property
+    def cabled(self) -> bool:
+        """Over the cluster link (a cable or the bridge), not the management network."""
+        return self.over != MANAGEMENT
 
 
 @dataclass(frozen=True)
@@ -137,14 +160,25 @@ class Cluster:
                          cable.network.prefixlen, str(cable))
                 for cable in self.links() if node.name in (end.host for end in cable.ends)]
 
-    def address_towards(self, node: Node, peer: Node) -> str:
-        """Where `node` reaches `peer` on the cluster link: on a bridge its thunderbolt_ip, in
-        links mode its end of a cable between them (else its recorded address)."""
+    def path_towards(self, node: Node, peer: Node) -> Route:
+        """How `node` reaches `peer` for what needs no Thunderbolt speed (ssh, checks, copies of
+        the model, data and checkpoints), the one rule every caller takes: on a bridge, the
+        peer's thunderbolt_ip; in links mode the peer's end of a cable between them, and when no
+        cable joins them (node1 and node3 of a ring of four), the peer's management address,
+        which ssh_mesh pinned too. The backends need less: ring only each rank's neighbours,
+        JACCL a cable per pair, MPI every pair (refused off a full mesh of cables)."""
+        if not self.cables:
+            return Route(peer.thunderbolt_ip, "the bridge")
         for cable in self.cables:
             hosts = {end["host"]: end["address"] for end in cable["ends"]}
             if set(hosts) == {node.name, peer.name}:
-                return hosts[peer.name]
-        return peer.thunderbolt_ip
+                ports = " <-> ".join(f"{end['host']}:{end['interface']}" for end in cable["ends"])
+                return Route(hosts[peer.name], f"cable {ports}")
+        return Route(peer.management_address, MANAGEMENT)
+
+    def address_towards(self, node: Node, peer: Node) -> str:
+        """Where `node` reaches `peer` (path_towards)."""
+        return self.path_towards(node, peer).address
 
     @classmethod
     def load(cls, path: Path) -> Cluster:

@@ -155,14 +155,10 @@ def mpirun_command(cluster: Cluster, job: Job, env: Mapping[str, str]) -> list[s
 
 
 def _reach(cluster: Cluster, node: Node) -> str:
-    """Where mlx.launch on the launcher reaches `node` by ssh: over the cluster link (in links
-    mode a cable between them), else at its management address."""
+    """Where mlx.launch on the launcher reaches `node` by ssh (Cluster.path_towards: a cable
+    between them, the bridge, else its management address); the launcher itself at its own."""
     head = cluster.head
-    if node.name == head.name or not cluster.cables:
-        return node.thunderbolt_ip
-    if any({e["host"] for e in c["ends"]} == {head.name, node.name} for c in cluster.cables):
-        return cluster.address_towards(head, node)
-    return str(node.connection.get("host") or node.name)
+    return node.thunderbolt_ip if node.name == head.name else cluster.address_towards(head, node)
 
 
 def ring_hosts(cluster: Cluster, envs: Sequence[str] = ()) -> dict[str, object]:

@@ -96,21 +96,24 @@ def pull(node: Node, src: str, dest: Path) -> list[str]:
 
 def fan_out(cluster: Cluster, model: Shipment, path: str) -> list[Step]:
     """The steps that copy the model's files at `path` from the launcher to every other node that
-    trains, over the cluster link: the same files the launcher got, by the same filter.
+    trains: the same files the launcher got, by the same filter.
 
-    Run on the launcher through ssh: it reaches the others by their Thunderbolt IP with the
-    mesh keys that ssh_mesh installed (no prompt: BatchMode).
+    Run on the launcher through ssh: it reaches each node over the cable between them (on a
+    bridge, the bridge), or its management address when no cable joins them
+    (Cluster.path_towards), with the mesh keys that ssh_mesh installed (no prompt: BatchMode).
     """
     head = cluster.head
     steps = []
     for node in cluster.training_nodes:
         if node.name == head.name or not node.reachable:
             continue
+        route = cluster.path_towards(head, node)
         rsync = shlex.join(["rsync", "-a", "--delete", "--delete-excluded", *model.rsync_filter(),
                             "-e", shlex.join(["ssh", *remote.BATCH_MODE]),
                             f"--rsync-path=mkdir -p {shlex.quote(path)} && rsync",
-                            f"{path}/", f"{node.thunderbolt_ip}:{path}/"])
-        steps.append((f"copy the model from {head.name} to {node.name} over the cluster link",
+                            f"{path}/", f"{route.address}:{path}/"])
+        way = "over the cluster link" if route.cabled else "over the management network (no cable)"
+        steps.append((f"copy the model from {head.name} to {node.name} {way}",
                       remote.ssh_command(head, rsync)))
     return steps
 

@@ -4,6 +4,8 @@ and the record the launch code and doctor read."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from filter_plugins.thunderbolt import (
@@ -80,6 +82,62 @@ def test_the_record_keeps_the_cables_and_the_launch_code_reads_them_back():
         "interface en2 (cable node2:en3 <-> node3:en2)", "interface en3 (cable node3:en3 <-> node4:en2)"]
     assert cluster.first_nodes(2).cables == cluster.cables
     assert cables_of({"cluster": ["a"], "launcher": ["a"]}, {"a": {"thunderbolt_ip": "10.0.0.1"}}) == []
+
+
+def ring_of_four() -> Cluster:
+    """The ring of four as provisioning records it: addresses, connections, cables."""
+    v = view()
+    nodes = [{"name": h, "thunderbolt_ip": topology.contact_address(h, HOSTS, "node1", v), "slots": 1,
+              "connection": {"host": v[h]["ansible_host"]}} for h in HOSTS]
+    return Cluster.from_json({"launcher": "node1", "nodes": nodes,
+                              "cables": cables_of({"cluster": HOSTS, "launcher": ["node1"]}, v)})
+
+
+def test_every_pair_of_a_ring_of_four_is_reached_by_its_cable_or_the_management_network():
+    cluster = ring_of_four()
+    routes = {(a.name, b.name): cluster.path_towards(a, b) for a in cluster.nodes for b in cluster.nodes
+              if a.name != b.name}
+    # Neighbours across their own cable, at the far end's address on it.
+    assert routes["node1", "node2"].address == "10.78.5.2"
+    assert routes["node1", "node2"].over == "cable node1:en2 <-> node2:en2"
+    assert routes["node3", "node2"].address == "10.78.5.5"
+    # node1 and node3, node2 and node4 share no cable: their management addresses, which the
+    # others reach (the record's thunderbolt_ip of node3 is on a cable node1 has no end of).
+    for a, b in (("node1", "node3"), ("node3", "node1"), ("node2", "node4"), ("node4", "node2")):
+        assert routes[a, b].address == f"10.77.5.{10 + int(b[-1])}"
+        assert routes[a, b].over == "the management network, no cable between them"
+        assert not routes[a, b].cabled
+    assert cluster.node("node3").thunderbolt_ip == "10.78.5.6"
+    # The model's fan-out from the launcher takes the same ways.
+    from mlxcluster.launch import sync
+    from mlxcluster.launch.shipment import Shipment
+
+    steps = sync.fan_out(cluster, Shipment(Path("/m/tiny"), ("*.safetensors",)), "/opt/m")
+    targets = [step[1][-1].split()[-1] for step in steps]
+    assert targets == ["10.78.5.2:/opt/m/", "10.77.5.13:/opt/m/", "10.78.5.13:/opt/m/"]
+    assert [step[0] for step in steps] == [
+        "copy the model from node1 to node2 over the cluster link",
+        "copy the model from node1 to node3 over the management network (no cable)",
+        "copy the model from node1 to node4 over the cluster link"]
+    # And mlx.launch reaches each rank the way the role's hostfile does.
+    from mlxcluster.launch import builder
+
+    assert [h["ssh"] for h in builder.ring_hosts(cluster)["hosts"]] == [
+        h["ssh"] for h in topology.links_hostfile(HOSTS, "node1", view())["hosts"]]
+
+
+def test_doctor_says_which_way_each_pair_goes():
+    from mlxcluster.check import doctor
+
+    cluster = ring_of_four()
+    facts = {n.name: {"ssh": {cluster.address_towards(n, p): {"ok": True, "error": None}
+                              for p in cluster.nodes if p.name != n.name}} for n in cluster.nodes}
+    checks = {(c.scope, c.name): c for c in doctor._pairs(cluster, cluster.nodes, facts)}
+    assert checks["node1 -> node2", "ssh over the cluster link"].detail == (
+        "10.78.5.2 (cable node1:en2 <-> node2:en2)")
+    assert checks["node1 -> node3", "ssh over the management network"].detail == (
+        "10.77.5.13 (the management network, no cable between them)")
+    assert all(c.ok for c in checks.values()) and len(checks) == 12
 
 
 @pytest.mark.parametrize("backend, kept, written", [

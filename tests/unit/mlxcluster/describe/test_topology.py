@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import itertools
 import json
 from pathlib import Path
 
@@ -169,19 +170,36 @@ def test_a_cable_knows_its_ends():
 
 @st.composite
 def random_cabling(draw):
-    """2 to 5 Macs, each with up to 4 Thunderbolt ports, some of them cabled."""
-    n = draw(st.integers(2, 5))
+    """2 to 8 Macs, each with up to 6 Thunderbolt ports (a Mac has 3 to 6), cabled as people cable
+    them (a ring, a chain, a full mesh, a ring with a chord, a ring with one cable pulled) or at
+    random."""
+    n = draw(st.integers(2, 8))
     hosts = [f"mac{i + 1}" for i in range(n)]
-    free = {h: [f"en{p}" for p in range(2, 6)] for h in hosts}
+    free = {h: [f"en{p}" for p in range(2, 8)] for h in hosts}
+    ring = [(hosts[i], hosts[(i + 1) % n]) for i in range(n)] if n > 2 else [(hosts[0], hosts[1])]
+    shape = draw(st.sampled_from(["ring", "chain", "mesh", "chord", "broken", "random"]))
+    if shape == "ring":
+        pairs = ring
+    elif shape == "chain":
+        pairs = ring[:n - 1]
+    elif shape == "mesh":
+        pairs = list(itertools.combinations(hosts, 2))
+    elif shape == "chord":
+        pairs = [*ring, (hosts[0], hosts[n // 2])] if n > 3 else ring
+    elif shape == "broken":
+        gone = draw(st.integers(0, len(ring) - 1))
+        pairs = [p for i, p in enumerate(ring) if i != gone]
+    else:
+        pairs = [tuple(draw(st.lists(st.sampled_from(hosts), min_size=2, max_size=2, unique=True)))
+                 for _ in range(draw(st.integers(1, 2 * n)))]
     links = []
-    for _ in range(draw(st.integers(1, 2 * n))):
-        a, b = draw(st.lists(st.sampled_from(hosts), min_size=2, max_size=2, unique=True))
+    for a, b in pairs:
         if free[a] and free[b]:
             links.append([f"{a}:{free[a].pop(0)}", f"{b}:{free[b].pop(0)}"])
     return hosts, links
 
 
-@settings(max_examples=150, derandomize=True, deadline=None,
+@settings(max_examples=200, derandomize=True, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(random_cabling())
 def test_any_cabling_gives_mlx_own_hostfiles_or_is_refused_as_mlx_refuses_it(tmp_path, monkeypatch, case):
