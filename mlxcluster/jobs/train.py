@@ -28,6 +28,7 @@ from mlxcluster.launch import settings as run_settings
 from mlxcluster.paths import REPO, RUNS
 from mlxcluster.provision import inputs, preview
 from training.config import FinetuneConfig
+from training.model.folder import SMOLLM2_SHAPE
 from training.model.manifest import manifest_sha256
 
 
@@ -111,7 +112,9 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
     run_dir = f"{cluster.head.runs_dir}/{run_id}"
     if resume and (restore := sync.push_checkpoints(RUNS / run_id, cluster.head, run_dir)):
         steps.append(restore)
-    parallel.check(cluster, request.model, request.parallel)
+    # A dry run before the default model is fetched still knows how it shards (its pinned shape).
+    parallel.check(cluster, request.model, request.parallel,
+                   SMOLLM2_SHAPE if "model" in request.pending else None)
     overrides = run_settings.user_flags(request.overrides)
     shared = batch_shares.for_run(cluster, request.config, overrides, request.calibration)
     # The shares go before the user's flags: a --batch-shares of theirs wins.

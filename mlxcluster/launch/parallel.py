@@ -11,7 +11,9 @@ key-value head groups when the ranks do not divide the model's attention heads.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from mlxcluster.describe.cluster import Cluster
 from mlxcluster.errors import UserError
@@ -29,9 +31,10 @@ def flags(parallel: str | None) -> list[str]:
     return ["--parallel", parallel]
 
 
-def problems(cluster: Cluster, model: Path, mode: str) -> list[str]:
-    """Why this cluster cannot train `model` with parallelism `mode` (empty when it can). A model
-    not on the controller yet (a hub id, a dry run) is checked by the nodes."""
+def problems(cluster: Cluster, model: Path, mode: str, shape: Mapping[str, Any] | None = None) -> list[str]:
+    """Why this cluster cannot train `model` with parallelism `mode` (empty when it can). `shape`:
+    the config a model not fetched yet will have (the embedded default's, in a dry run); another
+    model not on the controller yet (a hub id) is checked by the nodes."""
     if mode != "tensor":
         return []
     ranks = cluster.world_size
@@ -40,7 +43,7 @@ def problems(cluster: Cluster, model: Path, mode: str) -> list[str]:
                 "nodes to the inventory's training group, or train with --parallel data"]
     config_file = model / "config.json"
     if not config_file.is_file():
-        return []
+        return shard_problems(shape, ranks, str(model)) if shape else []
     try:
         config = json.loads(config_file.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as error:
@@ -50,8 +53,8 @@ def problems(cluster: Cluster, model: Path, mode: str) -> list[str]:
     return shard_problems(config, ranks, str(model))
 
 
-def check(cluster: Cluster, model: Path, mode: str) -> None:
-    if found := problems(cluster, model, mode):
+def check(cluster: Cluster, model: Path, mode: str, shape: Mapping[str, Any] | None = None) -> None:
+    if found := problems(cluster, model, mode, shape):
         raise UserError("cannot train with --parallel tensor:\n  " + "\n  ".join(found))
 
 

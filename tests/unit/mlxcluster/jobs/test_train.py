@@ -14,6 +14,7 @@ import pytest
 
 from mlxcluster import paths
 from mlxcluster.describe.cluster import Cluster
+from mlxcluster.errors import UserError
 from mlxcluster.jobs import everywhere
 from mlxcluster.jobs import train as training
 from tests.unit import fake_inputs
@@ -314,3 +315,23 @@ def test_a_dry_run_before_provisioning_plans_from_the_inventory_alone(tmp_path):
     assert proc.returncode != 0
     assert "192.168.200.2" in proc.stderr and "mac1" in proc.stderr
     assert not paths.build_dir_for(inventory).exists()
+
+
+def test_a_dry_run_before_the_default_model_is_fetched_knows_how_far_it_shards(tmp_path):
+    # SmolLM2-135M (9 query heads in 3 key-value groups) shards across at most 3 ranks: a dry run
+    # on 4 refuses, before the model exists, as the real run would after fetching it.
+    layout = lab_layout()
+    layout["nodes"] += [{**layout["nodes"][-1], "name": f"node{i}", "thunderbolt_ip": f"10.78.5.1{i}"}
+                        for i in (3, 4)]
+
+    def pending_plan(nodes: int) -> training.Plan:
+        cluster = Cluster.from_json(layout).first_nodes(nodes)
+        request = training.Request(fake_inputs.dataset("/d/p"), tmp_path / "not-fetched-yet", None,
+                                   ("--parallel", "tensor"), None, interactive=False, parallel="tensor",
+                                   pending=frozenset({"model"}))
+        return training.plan(cluster, request, run_id="r1")
+
+    assert "tensor parallel: each of the 3 ranks" in pending_plan(3).said[-1]
+    with pytest.raises(UserError, match="its 3 key-value head groups cannot go whole to each of 4 ranks: "
+                                        "it shards across at most 3 ranks"):
+        pending_plan(4)

@@ -269,6 +269,8 @@ def test_smollm2_converts_and_answers(tmp_path: Path):
         "num_key_value_heads": 3,
         "vocab_size": 49152,
     }
+    # The shape a dry run assumes before the default model is fetched is the one it converts to.
+    assert {k: config[k] for k in tm.SMOLLM2_SHAPE} == tm.SMOLLM2_SHAPE
     assert safetensors_dtypes(out) == {"F16"}
     assert converted < 20
     model, tokenizer = load(str(out))
