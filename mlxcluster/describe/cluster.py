@@ -169,11 +169,9 @@ class Cluster:
         JACCL a cable per pair, MPI every pair (refused off a full mesh of cables)."""
         if not self.cables:
             return Route(peer.thunderbolt_ip, "the bridge")
-        for cable in self.cables:
-            hosts = {end["host"]: end["address"] for end in cable["ends"]}
-            if set(hosts) == {node.name, peer.name}:
-                ports = " <-> ".join(f"{end['host']}:{end['interface']}" for end in cable["ends"])
-                return Route(hosts[peer.name], f"cable {ports}")
+        for cable in self.links():
+            if cable.joins(node.name, peer.name):
+                return Route(cable.address_of(peer.name), f"cable {cable}")
         return Route(peer.management_address, MANAGEMENT)
 
     def address_towards(self, node: Node, peer: Node) -> str:

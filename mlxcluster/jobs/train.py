@@ -74,7 +74,6 @@ class Plan:
     pull: list[str]
     backend_why: str = ""  # why this backend (mlxcluster/describe/backends.py)
     shares: batch_shares.Shares | None = None  # None: equal shares, as training does by itself
-    inventory: str = ""  # the inventory the cluster was recorded from
     said: tuple[str, ...] = ()  # what the run says of itself before it starts: backend, shares, split
     record: Mapping[str, Any] = field(default_factory=dict)  # run.json's fields known before launch
 
@@ -135,7 +134,7 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
     launch = builder.command(cluster, job)
     return Plan(cluster, request, run_id, resume, backend, steps, launch,
                 sync.pull(cluster.head, run_dir, RUNS / run_id), backend_why=choice.why, shares=shared,
-                inventory=inventory, said=tuple(said),
+                said=tuple(said),
                 record=run_record(cluster, request, inventory, backend, choice.why, shared, launch))
 
 

@@ -10,7 +10,7 @@ import json
 import re
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,23 +104,35 @@ def parse_profile(output: str) -> list[tuple[str, float]]:
 JSON_OUTPUT = {"ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json"}
 
 
-def refusal(stdout: str) -> str | None:
-    """What the failed tasks of a run said (ansible.posix.json's output), one message per line
-    with no Ansible around it: validate.yml's list of an inventory's problems, say. None when
-    the output cannot be read or no task failed."""
+def json_document(stdout: str) -> dict[str, Any] | None:
+    """The document ansible.posix.json printed (anything before it skipped); None when there is
+    none to read."""
     try:
         document = json.loads(stdout[stdout.index("{"):])
     except ValueError:
         return None
-    said: list[str] = []
-    for play in document.get("plays", []) if isinstance(document, dict) else []:
+    return document if isinstance(document, dict) else None
+
+
+def task_results(document: Mapping[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """(host, task name, result) of every task of every play in a JSON document, in run order."""
+    for play in document.get("plays", []):
         for task in play.get("tasks", []):
-            for result in task.get("hosts", {}).values():
-                if result.get("failed") or result.get("unreachable"):
-                    msg: Any = result.get("msg", "")
-                    for line in msg if isinstance(msg, list) else [msg]:
-                        if str(line) not in said:
-                            said.append(str(line))
+            for host, result in task.get("hosts", {}).items():
+                yield host, task["task"]["name"], result
+
+
+def refusal(stdout: str) -> str | None:
+    """What the failed tasks of a run said (ansible.posix.json's output), one message per line
+    with no Ansible around it: validate.yml's list of an inventory's problems, say. None when
+    the output cannot be read or no task failed."""
+    said: list[str] = []
+    for _, _, result in task_results(json_document(stdout) or {}):
+        if result.get("failed") or result.get("unreachable"):
+            msg: Any = result.get("msg", "")
+            for line in msg if isinstance(msg, list) else [msg]:
+                if str(line) not in said:
+                    said.append(str(line))
     return "\n".join(said) or None
 
 
@@ -131,5 +143,7 @@ def timed_run(cmd: list[str], env: Mapping[str, str] | None = None) -> TimedRun:
     proc = subprocess.run(cmd, cwd=REPO, env=local.tool_env(env), capture_output=True, text=True)
     elapsed = time.perf_counter() - start
     if proc.returncode != 0:
-        raise UserError(f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}")
+        # Run with JSON_OUTPUT, a refusal (validate.yml's) is said alone; else the output's tail.
+        raise UserError(refusal(proc.stdout)
+                        or f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}")
     return TimedRun(elapsed, parse_recap(proc.stdout), parse_profile(proc.stdout))

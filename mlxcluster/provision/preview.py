@@ -9,14 +9,11 @@ shown as a placeholder that the plan's header explains.
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 import tempfile
 from pathlib import Path
 
-from mlxcluster import local
 from mlxcluster.describe.cluster import Cluster, Node, NotReady, Recorded, recorded
-from mlxcluster.errors import UserError
-from mlxcluster.paths import REPO, build_dir_for
+from mlxcluster.paths import build_dir_for
 from mlxcluster.provision import ansible
 
 # A node's value that provisioning fills in: its placeholder in the plan, and where it comes from.
@@ -38,12 +35,7 @@ def from_inventory(inventory: str) -> Cluster:
     A UserError with validation's own message, alone, when it refuses the inventory."""
     with tempfile.TemporaryDirectory(prefix="mlx-plan-") as scratch:
         plan = Path(scratch) / "cluster.json"
-        cmd = ansible.render_hostfiles(inventory, scratch, plan=plan)
-        proc = subprocess.run(cmd, cwd=REPO, env=local.tool_env(ansible.JSON_OUTPUT), capture_output=True,
-                              text=True)
-        if proc.returncode != 0:
-            said = ansible.refusal(proc.stdout)
-            raise UserError(said or f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}")
+        ansible.timed_run(ansible.render_hostfiles(inventory, scratch, plan=plan), env=ansible.JSON_OUTPUT)
         return Cluster.load(plan)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import json
 import os
 import shutil
 import subprocess
@@ -49,11 +48,7 @@ class PlaybookRun:
 
     @classmethod
     def of(cls, proc: subprocess.CompletedProcess) -> PlaybookRun:
-        try:
-            recap = json.loads(proc.stdout[proc.stdout.index("{"):])
-        except ValueError:
-            recap = None
-        return cls(proc.returncode, proc.stdout, proc.stderr, recap if isinstance(recap, dict) else None)
+        return cls(proc.returncode, proc.stdout, proc.stderr, ansible.json_document(proc.stdout))
 
     def _read(self) -> dict[str, Any]:
         if self.recap is None or "stats" not in self.recap:
@@ -62,10 +57,7 @@ class PlaybookRun:
         return self.recap
 
     def results(self) -> Iterator[tuple[str, str, dict[str, Any]]]:
-        for play in self._read().get("plays", []):
-            for task in play.get("tasks", []):
-                for host, result in task.get("hosts", {}).items():
-                    yield host, task["task"]["name"], result
+        return ansible.task_results(self._read())
 
     @property
     def stats(self) -> dict[str, dict[str, int]]:
@@ -100,8 +92,7 @@ class LabCluster:
     model: Path | None = None
 
     def env(self) -> dict[str, str]:
-        return local.tool_env({**hosts.ansible_env(self.facts_dir),
-                               "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json"})
+        return local.tool_env({**hosts.ansible_env(self.facts_dir), **ansible.JSON_OUTPUT})
 
     def playbook(self, *args: str, inventory: Path | None = None,
                  check: bool = False) -> PlaybookRun:
