@@ -22,6 +22,8 @@ from typing import Any
 
 from mlxcluster.check.cabling import hardware_ports as port_devices
 
+THUNDERBOLT_PORT = re.compile(r"Thunderbolt \d+")
+
 _ORDER_ENTRY = re.compile(r"^\((?:\d+|\*)\)\s+(?P<name>.+)\n\(Hardware Port: (?P<port>[^,]*), "
                           r"Device: (?P<device>[^)]*)\)", re.MULTILINE)
 
@@ -47,8 +49,10 @@ def thunderbolt_macos_links(ports: Sequence[Mapping[str, Any]], hardware_text: s
     with the netmask networksetup wants."""
     devices = hardware_ports(hardware_text)
     known = services(order_text, list_text)
+    # "Thunderbolt 1".."Thunderbolt N" only, the ports system_profiler's receptacles name (as MLX
+    # reads them): not the bridge, nor a Thunderbolt Ethernet adapter ("Thunderbolt Ethernet Slot 1").
     thunderbolt = {dev: port for dev, port in devices.items()
-                   if port.startswith("Thunderbolt") and port != bridge_service and dev != "bridge0"}
+                   if THUNDERBOLT_PORT.fullmatch(port) and port != bridge_service and dev != "bridge0"}
     missing = [p["interface"] for p in ports if p["interface"] not in thunderbolt]
     planned = []
     for port in ports:

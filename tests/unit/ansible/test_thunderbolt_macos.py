@@ -113,6 +113,19 @@ def test_a_port_that_is_not_a_thunderbolt_port_is_named_with_what_the_mac_has():
     assert found["ports"] == []
 
 
+def test_a_thunderbolt_ethernet_adapter_is_not_a_thunderbolt_port():
+    # An Ethernet adapter on a Thunderbolt port is listed as "Thunderbolt Ethernet Slot 1": a
+    # cable between Macs is never on it.
+    adapter = HARDWARE + "\nHardware Port: Thunderbolt Ethernet Slot 1\nDevice: en9\nEthernet Address: x\n"
+    links = [["mac1:en9", "mac2:en2"]]
+    view = {h: {"thunderbolt_links": links, "thunderbolt_link_pool": "192.168.200.0/24"} for h in HOSTS[:2]}
+    order_text, list_text = order(*BASE, BRIDGE_ON)
+    found = thunderbolt_macos_links(topology.ports_of("mac1", HOSTS[:2], view), adapter, order_text,
+                                    list_text, "Thunderbolt Bridge", "MLX Thunderbolt ")
+    assert found["missing"] == ["en9"]
+    assert found["thunderbolt_ports"] == ["en2 (Thunderbolt 1)", "en3 (Thunderbolt 2)"]
+
+
 def test_the_rdma_devices_are_read_from_ibv_devices_as_mlx_reads_them():
     # As MLX's jaccl README shows it, on a Mac with RDMA enabled.
     listed = ("    device          \t   node GUID\n    ------          \t----------------\n"
