@@ -34,11 +34,25 @@ def measured(run_dir: Path) -> dict[str, Any]:
             "final_val_loss": summary.get("final_val_loss"), "run": str(run_dir)}
 
 
-def figures(single: Mapping[str, Any], tensor: Mapping[str, Any]) -> dict[str, float]:
+def figures(single: Mapping[str, Any], tensor: Mapping[str, Any]) -> dict[str, float | None]:
     """The largest tensor-parallel rank's peak memory, and tokens/s, over the single process's."""
     return {"peak_memory_ratio": round(max(tensor["peak_memory_gb_per_rank"])
                                        / single["peak_memory_gb_per_rank"][0], 3),
             "tokens_per_second_ratio": round(tensor["tokens_per_second"] / single["tokens_per_second"], 3)}
+
+
+def loss_difference(single: Path, tensor: Path) -> dict[str, float | None]:
+    """The largest difference between the two runs' reported losses, step by step (train and
+    validation): tensor parallelism computes what one process does, up to the order of sums.
+    None when the runs did not report the same steps."""
+    differences: dict[str, float | None] = {}
+    for key in ("train_loss", "val_loss"):
+        one, many = (report.loss_series(report.read_metrics(run / "metrics.jsonl"), key)
+                     for run in (single, tensor))
+        same = one[0] == many[0] and len(one[0]) > 0
+        differences[f"max_{key}_difference"] = (
+            round(max(abs(a - b) for a, b in zip(one[1], many[1], strict=True)), 8) if same else None)
+    return differences
 
 
 def plot(runs: Mapping[str, Path], output: Path, title: str) -> Path:
@@ -71,7 +85,8 @@ def table(result: Mapping[str, Any]) -> Any:
                     f"{result['global_batch_size']}, {result['iters']} steps",
               caption=f"largest rank's peak memory / one process's: "
                       f"{result['figures']['peak_memory_ratio']:.2f}x; tokens/s: "
-                      f"{result['figures']['tokens_per_second_ratio']:.2f}x")
+                      f"{result['figures']['tokens_per_second_ratio']:.2f}x; largest train loss "
+                      f"difference: {result['figures'].get('max_train_loss_difference')}")
     for name in ("run", "peak memory per rank (GB)", "tokens/s", "final train loss"):
         t.add_column(name, justify="left" if name == "run" else "right")
     for name in ("single", "tensor"):
@@ -112,7 +127,8 @@ def run(rec: Recorded, *, nodes: str | None = None, iters: int = 30,
     single, tensor = measured(run_dirs["single"]), measured(run_dirs["tensor"])
     result = {"benchmark": "tensor", "date": results.date(), "inventory": rec.inventory,
               "model": str(model_dir), "iters": iters, "global_batch_size": batch,
-              "single": single, "tensor": tensor, "figures": figures(single, tensor)}
+              "single": single, "tensor": tensor,
+              "figures": figures(single, tensor) | loss_difference(run_dirs["single"], run_dirs["tensor"])}
     out = results.write("tensor", result, output)
     plot({"1 rank": run_dirs["single"], f"{tensor['ranks']} ranks, tensor": run_dirs["tensor"]},
          out.with_suffix(".png"), f"{model_dir.name}: one process and tensor parallel")

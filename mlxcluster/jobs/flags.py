@@ -32,6 +32,20 @@ def whole_number(value: Any, flag: str, minimum: int = 1, maximum: int = MAX_WHO
     return number
 
 
+def whole_numbers(value: Any, flag: str, minimum: int = 1, maximum: int = MAX_WHOLE) -> list[int] | None:
+    """Comma-separated whole numbers ("2,4,8"), each in [minimum, maximum]; None when not given."""
+    if value is None or value == "":
+        return None
+    try:
+        numbers = [whole_number(part, flag, minimum, maximum) for part in str(value).split(",")]
+    except UserError:
+        numbers = [None]
+    if None in numbers:  # an empty part: "2,,4"
+        raise UserError(f"{flag} {value!r}: give whole numbers from {minimum} to {maximum}, "
+                        "separated by commas (e.g. 2,4,8)")
+    return [n for n in numbers if n is not None]
+
+
 def one_of(value: Any, flag: str, choices: Sequence[str]) -> str | None:
     """`value` if it is one of `choices`; None when not given."""
     if value is None or value == "":

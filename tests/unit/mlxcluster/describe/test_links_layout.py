@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
 
 from filter_plugins.thunderbolt import (
     thunderbolt_persist_files,
@@ -16,6 +17,7 @@ from filter_plugins.thunderbolt import (
 from mlxcluster.describe import topology
 from mlxcluster.describe.cluster import Cluster
 from mlxcluster.describe.record import cables_of
+from tests.unit.mlxcluster.describe.test_topology import random_cabling
 
 # A ring of four: node1 and node3 share no cable, nor do node2 and node4.
 RING4 = [["node1:en2", "node2:en2"], ["node2:en3", "node3:en2"], ["node3:en3", "node4:en2"],
@@ -237,3 +239,35 @@ def test_the_pools_addresses_off_the_cable_ports_are_strays_to_remove():
     # On a bridge there is no pool: nothing is a stray.
     bridge = [{"interface": "bridge0", "address": "10.0.0.1", "prefix": 24, "cable": None, "peers": {}}]
     assert thunderbolt_stray_addresses(bridge, now) == []
+
+
+@settings(max_examples=150, derandomize=True, deadline=None)
+@given(random_cabling())
+def test_every_pair_of_any_cabling_is_reached_at_an_address_ssh_mesh_pins_and_its_cable_carries(case):
+    # The launch side (Cluster.path_towards, from the record) against the Ansible side (the
+    # addresses ssh_mesh pins each node's host key under: its ansible_host and cluster_addresses).
+    from filter_plugins.cluster_inventory import cluster_addresses
+
+    hosts, links = case
+    if not links:
+        return
+    v = {h: {"thunderbolt_links": links, "thunderbolt_link_pool": "10.78.4.0/22",
+             "ansible_host": f"10.77.5.{10 + i}", "mpi_slots": 1} for i, h in enumerate(hosts, 1)}
+    nodes = [{"name": h, "thunderbolt_ip": topology.contact_address(h, hosts, hosts[0], v), "slots": 1,
+              "connection": {"host": v[h]["ansible_host"]}} for h in hosts]
+    cluster = Cluster.from_json({"launcher": hosts[0], "nodes": nodes,
+                                 "cables": cables_of({"cluster": hosts, "launcher": [hosts[0]]}, v)})
+    joined = topology.neighbours(hosts, cluster.links())
+    for node in cluster.nodes:
+        own = {port.address for port in cluster.ports_of(node)}
+        for peer in cluster.nodes:
+            if peer is node:
+                continue
+            route = cluster.path_towards(node, peer)
+            assert route.address in {v[peer.name]["ansible_host"], *cluster_addresses(peer.name, hosts, v)}
+            assert route.cabled == (peer.name in joined[node.name])
+            if route.cabled:  # the far end of a cable whose near end is node's own
+                cable = next(c for c in cluster.links() if c.joins(node.name, peer.name))
+                assert route.address == cable.address_of(peer.name) and cable.address_of(node.name) in own
+            else:
+                assert route.address == v[peer.name]["ansible_host"]

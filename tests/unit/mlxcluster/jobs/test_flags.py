@@ -25,6 +25,11 @@ def test_whole_numbers_numbers_choices_and_interfaces_are_read_or_refused_in_one
         with pytest.raises(UserError, match=r"--iters .*: give a whole number") as refused:
             flags.whole_number(bad, "--iters")
         assert "\n" not in str(refused.value)
+    assert flags.whole_numbers("2,4,8", "--nodes", 1, 9) == [2, 4, 8]
+    assert flags.whole_numbers("", "--nodes") is None
+    for bad in ("2,,4", "2,10", "two", ",", "4,"):
+        with pytest.raises(UserError, match=r"--nodes .*: give whole numbers from 1 to 9, separated by"):
+            flags.whole_numbers(bad, "--nodes", 1, 9)
     assert flags.number("0.25", "--cpu", 0, 1) == 0.25
     for bad in ("nan", "inf", "-1", "2", "x"):
         with pytest.raises(UserError, match="give a number from 0 to 1"):
@@ -47,6 +52,8 @@ def test_whole_numbers_numbers_choices_and_interfaces_are_read_or_refused_in_one
     (tasks.lab_status, {"id": "x"}, "--id 'x'"),
     (tasks.lab_up, {"nodes": "99"}, "--nodes '99': give a whole number from 1 to 9"),
     (tasks.bench_provision, {"nodes": "three"}, "--nodes 'three'"),
+    (tasks.bench_provision, {"nodes": "2,4,99"}, "--nodes '2,4,99'"),
+    (tasks.bench_provision, {"cables": "star"}, "--cables 'star': give one of ring, mesh"),
     (tasks.bench_train, {"rounds": "0"}, "--rounds '0'"),
     (tasks.lab_limit, {"node": "2", "cpu": "fast"}, "--cpu 'fast'"),
 ])

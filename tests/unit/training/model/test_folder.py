@@ -12,60 +12,22 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 from mlx_lm import generate, load
-from mlx_lm.models.llama import Model, ModelArgs
-from mlx_lm.utils import save_model
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 
 from mlxcluster.launch import shipment
 from training.model import folder as tm
-from training.model import manifest
+from training.model import manifest, stand_in
 
-TINY = {
-    "model_type": "llama",
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "rms_norm_eps": 1e-5,
-    "vocab_size": 260,
-    "tie_word_embeddings": True,
-}
+# The tests' tiny model is the stand-in model (training/model/stand_in.py), under the names
+# the tests have always used.
+TINY = stand_in.SHAPE
 PROMPT = mx.array([[72, 101, 108, 108, 111]])
-# The 256 printable stand-ins byte-level BPE uses for bytes, then the special tokens.
-BYTES = pre_tokenizers.ByteLevel.alphabet()
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+BYTES, SPECIALS, CHAT_TEMPLATE = stand_in.BYTES, stand_in.SPECIALS, stand_in.CHAT_TEMPLATE
+tiny_tokenizer = stand_in.tokenizer
 
 
-def tiny_tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {token: i for i, token in enumerate(sorted(BYTES) + SPECIALS)}
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens([AddedToken(t, special=True) for t in SPECIALS])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, eos_token="<|im_end|>", chat_template=CHAT_TEMPLATE
-    )
-
-
-def tiny_model(path: Path, *, quantized: bool = False, **changes: Any) -> Model:
+def tiny_model(path: Path, *, quantized: bool = False, **changes: Any) -> nn.Module:
     """A 2-layer llama saved as an mlx-lm directory (float32, or 4-bit); `changes` to its config."""
-    mx.random.seed(0)
-    model = Model(ModelArgs(**(TINY | changes)))
-    config: dict[str, Any] = TINY | changes
-    if quantized:
-        nn.quantize(model, group_size=32, bits=4)
-        config["quantization"] = {"group_size": 32, "bits": 4}
-    mx.eval(model.parameters())
-    save_model(path, model)
-    (path / "config.json").write_text(json.dumps(config))
-    tiny_tokenizer().save_pretrained(str(path))
-    return model
+    return stand_in.make(path, quantized=quantized, **changes)
 
 
 def logits(model: nn.Module) -> mx.array:
@@ -278,3 +240,14 @@ def test_smollm2_converts_and_answers(tmp_path: Path):
     prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert prompt.endswith("<|im_start|>assistant\n")
     assert "Paris" in generate(model, tokenizer, prompt=prompt, max_tokens=12)
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4, 5, 8])
+def test_a_stand_in_model_shaped_for_n_ranks_shards_across_them(ranks: int, tmp_path: Path):
+    from training.sharding import head_groups
+
+    shape = stand_in.shape_for(ranks)
+    assert shape["num_attention_heads"] % ranks == 0 and shape["num_key_value_heads"] % ranks == 0
+    stand_in.make(tmp_path / "m", **shape)
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert head_groups.splits(config, ranks)
