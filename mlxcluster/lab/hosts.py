@@ -38,6 +38,7 @@ from pathlib import Path
 
 import yaml
 
+from mlxcluster.describe.topology import Port
 from mlxcluster.errors import UserError
 from mlxcluster.lab import limits, veth
 
@@ -114,6 +115,11 @@ class Lab:
     @property
     def inventory(self) -> Path:
         return self.root / "inventory" / "hosts.yml"
+
+    @property
+    def cables_file(self) -> Path:
+        """The cables lab.up plugged last, so that another cabling can unplug them first."""
+        return self.root / "cables.json"
 
     def nodes(self) -> list[int]:
         """Numbers of the nodes that are up, from their namespaces."""
@@ -333,15 +339,27 @@ def up(nodes: int, lab_id: int = 0, slots: int = 1, cables: str | None = None) -
     lab.known_hosts.write_text("\n".join(lines) + "\n")
     links = None
     if cables:
-        made = veth.cabling(all_nodes, cables)
-        netns = {f"node{n}": lab.netns(n) for n in all_nodes}
-        # A cable already plugged (lab.up again) stays as it is.
-        missing = [(a, b) for a, b in made if _run(["ip", "-n", netns[a.host], "link", "show", a.interface],
-                                                   capture=True, check=False).returncode != 0]
-        for command in veth.plug_commands(netns, missing):
-            _run(command)
-        links = veth.inventory_links(made)
+        links = veth.inventory_links(_recable(lab, veth.cabling(all_nodes, cables), all_nodes))
     return write_inventory(lab, all_nodes, slots, links)
+
+
+def _recable(lab: Lab, made: list[tuple[Port, Port]], nodes: list[int]) -> list[tuple[Port, Port]]:
+    """Plug `made`, as a user re-cables Macs: a cable already plugged (lab.up again) stays as it
+    is, one of the last cabling that `made` does not have is pulled first (a fourth node joining
+    a ring of three takes node3's cable to node1), and the others are plugged."""
+    netns = {f"node{n}": lab.netns(n) for n in nodes}
+    before = json.loads(lab.cables_file.read_text()) if lab.cables_file.exists() else []
+    wanted = veth.inventory_links(made)
+    for a, _ in (link for link in before if link not in wanted):
+        host, interface = a.split(":")
+        if host in netns:  # deleting one end of a veth removes both; a stopped node took its own
+            _run(["ip", "-n", netns[host], "link", "del", interface], check=False, capture=True)
+    missing = [(a, b) for a, b in made if _run(["ip", "-n", netns[a.host], "link", "show", a.interface],
+                                               capture=True, check=False).returncode != 0]
+    for command in veth.plug_commands(netns, missing):
+        _run(command)
+    lab.cables_file.write_text(json.dumps(wanted) + "\n")
+    return made
 
 
 def stop_node(lab: Lab, i: int) -> None:
@@ -393,13 +411,13 @@ def down(lab_id: int = 0) -> None:
 
 
 @contextmanager
-def fresh(nodes: int, lab_id: int, slots: int = 1) -> Iterator[Path]:
-    """A lab of `nodes` new hosts (the offline cache filled first), taken down afterwards: its
-    inventory."""
+def fresh(nodes: int, lab_id: int, slots: int = 1, cables: str | None = None) -> Iterator[Path]:
+    """A lab of `nodes` new hosts (the offline cache filled first; cabled as `up` cables them),
+    taken down afterwards: its inventory."""
     prepare_offline_cache()
     down(lab_id)
     try:
-        yield up(nodes, lab_id, slots)
+        yield up(nodes, lab_id, slots, cables=cables)
     finally:
         down(lab_id)
 

@@ -1,10 +1,13 @@
-"""links mode on real point-to-point cables: three lab hosts cabled in a ring, a /30 per cable.
+"""links mode on real point-to-point cables: three lab hosts cabled in a ring, a /30 per cable,
+then a fourth joining the ring.
 
 The session's lab hosts (test_site.py and test_train.py ran on their bridge before: this module
 comes after them) get veth cables straight between their namespaces, named like a Mac's
 Thunderbolt ports (mlxcluster/lab/veth.py), and the inventory lab.up writes for them. Then
 site.yml configures every cable, training runs over them with the ring backend, and a pulled
 cable is named by doctor and by the run it stops. `invoke bench.links` measures across every cable.
+Last, a fourth node is cabled into the ring, as a user adds a Mac: the pairs without a cable between
+them are reached over the management network, MPI is refused with the reason, and ring trains.
 """
 
 from __future__ import annotations
@@ -205,3 +208,48 @@ def test_a_pulled_cable_is_named_by_doctor_and_by_the_run_it_stops(cabled, tiny_
     shutil.rmtree(re.search(r"what arrived is in (\S+/runs/\d{8}-\d{6})", stderr)[1], ignore_errors=True)
     print(f"node2:en3 pulled -> invoke train returned in {stopped:.1f} s")
     assert stopped < 90
+
+
+RING_OF_FOUR = [["node1:en2", "node2:en2"], ["node2:en3", "node3:en2"], ["node3:en3", "node4:en2"],
+                ["node4:en3", "node1:en3"]]
+
+
+def test_a_fourth_mac_joins_the_ring_and_every_pair_goes_the_way_the_cables_allow(cabled, tiny_inputs):
+    # Re-cabled as a user adds a Mac to a ring of three: node3's cable to node1 now goes to node4,
+    # and node4's second cable to node1. node1 and node3 (node2 and node4) share no cable.
+    assert hosts.up(4, TEST_LAB_ID, cables="ring") == cabled.inventory
+    run = cabled.playbook()
+    assert run.returncode == 0, json.dumps(run.failures, indent=1)
+    record = json.loads((paths.build_dir_for(cabled.inventory) / "cluster.json").read_text())
+    assert [[f"{e['host']}:{e['interface']}" for e in c["ends"]] for c in record["cables"]] == RING_OF_FOUR
+
+    doctor = subprocess.run([INVOKE, "doctor", "-i", str(cabled.inventory), "--json"], cwd=REPO,
+                            capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
+    checks = {(c["scope"], c["name"]): c for c in json.loads(doctor.stdout)}
+    red = [c for c in checks.values() if not c["ok"]]
+    assert doctor.returncode == 0 and red == [], red
+    # A pair without a cable is reached over the management network, the others over their cable.
+    for a, b in ((1, 3), (3, 1), (2, 4), (4, 2)):
+        far = checks[f"node{a} -> node{b}", "ssh over the management network"]
+        assert far["detail"].startswith(f"{cabled.lab.mgmt_ip(b)} "), far
+    assert ("node1 -> node2", "ssh over the cluster link") in checks
+    assert checks["cluster", "MLX all_sum over every rank"]["ok"]
+
+    model_dir, data_dir = tiny_inputs
+    inputs = ["--model", str(model_dir), "--data", str(data_dir), "--batch-size", "4"]
+    # MPI needs every two nodes to reach each other over the cables: refused, with the reason.
+    mpi = invoke_train(cabled, "--backend", "mpi", *inputs, "--iters", "2", timeout=300)
+    assert mpi.returncode != 0
+    refused = "no cable joins node1 <-> node3, node2 <-> node4 (use --backend ring"
+    assert refused in mpi.stderr, mpi.stderr[-2000:]
+    assert [finetune_pids(cabled, n) for n in (1, 2, 3, 4)] == [[], [], [], []]
+
+    proc = invoke_train(cabled, *inputs, "--iters", "3", "--extra", TINY_RUN + " --steps-per-eval 3",
+                        timeout=600)
+    run_dir = finished_run(proc)
+    try:
+        assert "==> backend ring: the cables make a ring" in proc.stdout
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["world_size"] == 4 and summary["max_weight_difference_across_ranks"] == 0.0
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
