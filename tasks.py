@@ -21,6 +21,7 @@ from mlxcluster import devtools, local, paths
 from mlxcluster.bench import calibrate as bench_calibrate_module
 from mlxcluster.bench import links as bench_links_module
 from mlxcluster.bench import provision as bench_provision_module
+from mlxcluster.bench import rehearsal as bench_rehearsal_module
 from mlxcluster.bench import scaling as bench_scaling_module
 from mlxcluster.bench import shares as bench_shares_module
 from mlxcluster.bench import tensor as bench_tensor_module
@@ -259,10 +260,27 @@ def lab_limit(c, node, id=None, cpu=None, memory=None, off=False):
 
 # -------------------------------------------------------------------------- benchmarks
 
-@task(name="provision", help=helps("output", nodes="Lab hosts (default 3)", id=SHARED_HELP["lab"]))
-def bench_provision(c, nodes=None, id=None, output=None):
-    """Time a first and an idempotent second site.yml run on a fresh lab cluster."""
-    bench_provision_module.run(_whole(nodes, "--nodes", 1, 9) or 3, _whole(id, "--id", 0, 9) or 8, output)
+@task(name="provision", help=helps(
+    "output", id=SHARED_HELP["lab"],
+    nodes="Lab hosts, or several counts for a curve, e.g. 2,4,8 (default 3)",
+    cables="ring or mesh: cable the hosts point to point, like Macs, instead of one bridge"))
+def bench_provision(c, nodes=None, id=None, output=None, cables=None):
+    """Time a first and an idempotent second site.yml run on a fresh lab cluster of each size."""
+    bench_provision_module.run(flags.whole_numbers(nodes, "--nodes", 1, 9) or [3],
+                               _whole(id, "--id", 0, 9) or 8, output,
+                               cables=flags.one_of(cables, "--cables", ("ring", "mesh")))
+
+
+@task(name="rehearsal", help=helps(
+    "output", id=SHARED_HELP["lab"], nodes="Lab hosts (default 8)",
+    cables="ring (default) or mesh: how the hosts are cabled, like Macs",
+    steps="Steps of each training run (default 3)"))
+def bench_rehearsal(c, nodes=None, cables=None, steps=None, id=None, output=None):
+    """A fresh lab cabled like Macs, from nothing to training as a new user goes: provision twice,
+    doctor, train, --backend mpi, and tensor parallelism on every node against one process."""
+    bench_rehearsal_module.run(_whole(nodes, "--nodes", 2, 9) or 8,
+                               flags.one_of(cables, "--cables", ("ring", "mesh")) or "ring",
+                               _whole(id, "--id", 0, 9) or 8, _whole(steps, "--steps", 1) or 3, output)
 
 
 @task(name="train", help={
@@ -377,7 +395,7 @@ def bench_calibrate(c, inventory=None, iters=None, batch_size=None, data=None, m
 
 ns = Collection(provision, hostfile, topology, doctor, train, run, generate, lint, test,
                 Collection("lab", lab_up, lab_down, lab_status, lab_limit),
-                Collection("bench", bench_provision, bench_train, bench_links, bench_scaling,
+                Collection("bench", bench_provision, bench_rehearsal, bench_train, bench_links, bench_scaling,
                            bench_shares, bench_tensor, bench_calibrate),
                 Collection("data", data_prepare), Collection("model", model_fetch))
 ns.configure({"cluster": {"inventory": "inventory/local/hosts.yml"},
