@@ -31,7 +31,7 @@ from training.config import FinetuneConfig
 def alone(node: Node) -> Cluster:
     """`node` as a cluster of its own: the launcher, with one rank, which takes the whole batch
     (its max_micro_batch still holds)."""
-    return Cluster(node.name, (dataclasses.replace(node, slots=1, batch_share=None),))
+    return Cluster(node.name, (dataclasses.replace(node, slots=1, batch_share=None),), provisioned=False)
 
 
 def node_row(summary: Mapping[str, Any]) -> dict[str, Any]:

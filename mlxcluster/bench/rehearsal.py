@@ -91,8 +91,9 @@ def stand_in_model(folder: Path, ranks: int) -> Path:
 
 
 def tensor(inventory: Path, model: Path, steps: int, out: Path) -> dict[str, Any]:
+    layers = json.loads((model / "config.json").read_text())["num_hidden_layers"]
     proc, seconds = invoke("bench.tensor", "-i", str(inventory), "--model", str(model), "--iters", str(steps),
-                           "--output", str(out))
+                           "--extra", f"--num-layers {layers}", "--output", str(out))
     if proc.returncode != 0:
         return {"seconds": seconds, "ok": False, "said": (proc.stdout + proc.stderr)[-2000:]}
     found = json.loads(out.read_text())

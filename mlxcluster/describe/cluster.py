@@ -120,6 +120,9 @@ class Cluster:
     cables: tuple[Mapping[str, Any], ...] = ()
     # The backend `--backend auto` means here, as provisioning chose it: {"name", "why"}.
     backend: Mapping[str, str] | None = None
+    # The nodes and slots as provisioned, whose hostfiles are on the nodes; False for a layout
+    # of fewer ranks (first_nodes, only...), which a launch gives hosts files of its own.
+    provisioned: bool = True
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Cluster:
@@ -223,8 +226,9 @@ class Cluster:
         return names[rank] if 0 <= rank < len(names) else "?"
 
     def _with_slots(self, slots: Mapping[str, int]) -> Cluster:
+        same = self.provisioned and all(slots.get(n.name, 0) == n.slots for n in self.nodes)
         return Cluster(self.launcher, tuple(dataclasses.replace(n, slots=slots.get(n.name, 0))
-                                            for n in self.nodes), self.cables)
+                                            for n in self.nodes), self.cables, provisioned=same)
 
     def first_nodes(self, count: int) -> Cluster:
         """The launcher and the next count - 1 training nodes with their slots; the others get
@@ -239,7 +243,7 @@ class Cluster:
 
     def only(self, node: Node) -> Cluster:
         """`node` alone, as its own launcher with one slot: a process run on it by itself."""
-        return Cluster(node.name, (dataclasses.replace(node, slots=1),), self.cables)
+        return Cluster(node.name, (dataclasses.replace(node, slots=1),), self.cables, provisioned=False)
 
 
 def hostfile_entries(text: str) -> list[str]:

@@ -13,6 +13,7 @@ command lines without any host.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shlex
@@ -29,6 +30,9 @@ BACKENDS = ("mpi", "ring", "jaccl", "jaccl-ring")
 # The backends mlx.launch starts, and the hosts file each reads.
 MLX_BACKENDS = ("ring", "jaccl", "jaccl-ring")
 JACCL_HOSTS_FILE = "jaccl-hosts.json"  # written into the work directory at launch
+# A layout of fewer ranks than provisioned (bench.scaling's, bench.tensor's one process) cannot use
+# the provisioned hosts.json, which lists every node: its own is written there at launch.
+LAYOUT_HOSTS_FILE = "layout-hosts.json"
 # Variables env.sh (roles/python_env) sets that every mpirun rank needs, per launcher OS.
 ENV_FILE_VARS = {
     "Debian": ("PATH", "VIRTUAL_ENV", "LD_PRELOAD"),
@@ -92,7 +96,9 @@ def choice_for(cluster: Cluster, requested: str | None) -> Choice:
             raise UserError(f"--backend {choice.backend}: no RDMA device on {', '.join(missing)} "
                             f"(ibv_devices, as provisioning recorded it): {RDMA_HOWTO}, then "
                             "invoke provision again; or train with --backend ring")
-    if choice.backend == "mpi" and cluster.world_size == 1 and cluster.head.slots == 1:
+    if (cluster.world_size == 1 and cluster.head.slots == 1
+            and (choice.backend == "mpi" or requested in (None, "auto"))):
+        # One rank alone needs no launcher (in links mode `auto` says ring: no cable is used).
         return Choice("direct", choice.why)
     return choice
 
@@ -209,6 +215,8 @@ def command(cluster: Cluster, job: Job) -> list[str]:
     env = rank_env(cluster, job)
     workdir = job.workdir or head.work_dir
     prefix = ""
+    if job.backend == "ring" and not job.ring_hosts_file and not cluster.provisioned:
+        job = dataclasses.replace(job, ring_hosts_file=LAYOUT_HOSTS_FILE)
     if job.backend == "mpi":
         argv = mpirun_command(cluster, job, env)
     elif job.backend in MLX_BACKENDS:

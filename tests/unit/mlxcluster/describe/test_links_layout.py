@@ -126,6 +126,12 @@ def test_every_pair_of_a_ring_of_four_is_reached_by_its_cable_or_the_management_
 
     assert [h["ssh"] for h in builder.ring_hosts(cluster)["hosts"]] == [
         h["ssh"] for h in topology.links_hostfile(HOSTS, "node1", view())["hosts"]]
+    # One node of the ring alone (bench.tensor's one process) runs directly, no launcher; two
+    # of them are a ring of their own, with their own hosts file.
+    assert builder.backend_for(cluster.first_nodes(1), None) == "direct"
+    two = cluster.first_nodes(2)
+    assert builder.backend_for(two, None) == "ring" and not two.provisioned
+    assert [h["ssh"] for h in builder.ring_hosts(two)["hosts"]] == ["10.78.5.1", "10.78.5.2"]
 
 
 def test_doctor_says_which_way_each_pair_goes():

@@ -208,3 +208,19 @@ def test_a_failed_launch_report_says_how_why_which_node_and_what_next():
         "check the cluster with: invoke doctor -i inv.yml"]
     assert "timed out (raise --timeout if it was still making progress):\n  (see the output above)" \
         in builder.failure_report(cluster, "mpi", None, "", "i")
+
+
+def test_a_layout_of_fewer_ranks_than_provisioned_launches_ring_with_hosts_of_its_own():
+    # The provisioned hosts.json lists every node: a launch of fewer (bench.tensor's one process,
+    # bench.scaling's first nodes) writes its own, with its ranks only.
+    cluster = layout(node1={"slots": 1}, node2={"slots": 1})
+    whole = " ".join(builder.command(cluster, Job(["x"], backend="ring")))
+    assert f"--hostfile {cluster.head.cluster_root}/hosts.json" in whole and "printf" not in whole
+    assert cluster.one_rank_per_node().provisioned  # the same ranks: the provisioned file still fits
+    one = cluster.first_nodes(1)
+    assert not one.provisioned
+    line = " ".join(builder.command(one, Job(["x"], backend="ring")))
+    assert f"--hostfile {one.head.work_dir}/{builder.LAYOUT_HOSTS_FILE}" in line
+    assert builder.ring_hosts(one)["hosts"] == [{"ssh": "10.0.0.1", "ips": ["10.0.0.1"]}]
+    # Asked for nothing, one rank runs directly, whatever the cabling would pick for more.
+    assert builder.backend_for(one, None) == "direct" and builder.backend_for(one, "ring") == "ring"
