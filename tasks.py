@@ -32,7 +32,7 @@ from mlxcluster.describe.cluster import recorded
 from mlxcluster.errors import UserError
 from mlxcluster.jobs import everywhere, flags
 from mlxcluster.jobs import train as training
-from mlxcluster.lab import hosts, limits
+from mlxcluster.lab import cache, hosts, limits
 from mlxcluster.launch import runs
 from mlxcluster.launch.parallel import MODES
 from mlxcluster.provision import ansible, inputs
@@ -229,7 +229,7 @@ def test(c, unit=False, k=None, lint_first=True):
 def lab_up(c, nodes=None, id=None, cables=None):
     """Bring up a lab cluster of real Debian hosts in network namespaces (root)."""
     lab_id, count = _lab_id(c, id), _whole(nodes or c.config.lab.nodes, "--nodes", 1, 9) or 1
-    hosts.prepare_offline_cache()
+    cache.prepare_offline_cache()
     inventory = hosts.up(count, lab_id, cables=cables)
     print(f"lab {lab_id}: {count} hosts up; inventory: {inventory}")
     print(f"provision it with: invoke provision -i {inventory}")

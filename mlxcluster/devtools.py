@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from mlxcluster import local
-from mlxcluster.lab import hosts
+from mlxcluster.lab import cache
 
 RUFF_TARGETS = ("tasks.py", "mlxcluster", "training", "tests", "filter_plugins")
 
@@ -24,5 +24,5 @@ def test(*, unit: bool = False, k: str | None = None) -> None:
     if k:
         cmd += ["-k", k]
     if not unit and os.geteuid() == 0:
-        hosts.prepare_offline_cache()
+        cache.prepare_offline_cache()
     local.run(cmd)

@@ -12,10 +12,10 @@ Like a real Mac, a host has two links:
   inventory (``10.78.<id>.<10+i>``), so the tests exercise that role for real.
 
 Lab hosts have no route to the package registries. Everything they install
-comes from a cache the host fills beforehand (:func:`prepare_offline_cache`):
-Debian packages in the host's ``/var/cache/apt/archives`` and Python wheels in
-``/var/cache/mlx-lab/wheels``, both seen by every lab host through its /var
-overlay.
+comes from a cache the host fills beforehand (cache.py's
+:func:`prepare_offline_cache`): Debian packages in the host's
+``/var/cache/apt/archives`` and Python wheels in ``/var/cache/mlx-lab/wheels``,
+both seen by every lab host through its /var overlay.
 
 Only ever addresses inside namespaces this module created are used.
 """
@@ -23,7 +23,6 @@ Only ever addresses inside namespaces this module created are used.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import json
 import os
 import shutil
@@ -39,12 +38,14 @@ from pathlib import Path
 import yaml
 
 from mlxcluster.describe.topology import Port
-from mlxcluster.errors import UserError
 from mlxcluster.lab import limits, veth
+from mlxcluster.lab.cache import WHEELHOUSE, prepare_offline_cache
+from mlxcluster.lab.system import LabError, require_root
+from mlxcluster.lab.system import link_exists as _link_exists
+from mlxcluster.lab.system import run as _run
 
 REPO = Path(__file__).resolve().parents[2]
 LAB_ROOT = Path(os.environ.get("MLX_LAB_ROOT", "/srv/mlx-lab"))
-WHEELHOUSE = Path("/var/cache/mlx-lab/wheels")
 OVERLAID = ("opt", "usr", "etc", "var", "root", "home")
 # MLX's CPU backend compiles its kernels with the C++ compiler on first use and keeps them in
 # /tmp/mlx. A lab node's /tmp is its own and starts empty, so every fresh lab paid tens of seconds
@@ -52,18 +53,6 @@ OVERLAID = ("opt", "usr", "etc", "var", "root", "home")
 # instead: a real node's /tmp keeps its kernels from one run to the next too.
 JIT_CACHE = LAB_ROOT / "mlx-jit-cache"
 THUNDERBOLT_IFACE = "bridge0"
-# Debian packages the roles install on Linux nodes; the lab caches them.
-APT_PACKAGES = ("openmpi-bin", "libopenmpi-dev", "libopenblas0-pthread", "python3-venv", "g++",
-                "iputils-ping", "rsync")
-# Tools the lab itself needs on the host (they become part of every lab host's base image).
-HOST_TOOLS = {"sshd": "openssh-server", "ssh": "openssh-client", "ip": "iproute2"}
-
-
-class LabError(UserError):
-    """A lab operation failed in a way the user can fix; the message says how."""
-
-    def __init__(self, message: str):
-        super().__init__(f"lab: {message}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,31 +120,6 @@ class Lab:
             if name.startswith(prefix) and name[len(prefix):].isdigit():
                 found.append(int(name[len(prefix):]))
         return sorted(found)
-
-
-def _run(cmd: list[str], *, capture: bool = False, check: bool = True,
-         input: str | None = None) -> subprocess.CompletedProcess[str]:
-    try:
-        return subprocess.run(cmd, check=check, text=True, input=input,
-                              capture_output=capture)
-    except subprocess.CalledProcessError as exc:
-        detail = (exc.stderr or "").strip()
-        raise LabError(f"command failed ({exc.returncode}): {' '.join(cmd)}\n{detail}") from exc
-
-
-def _link_exists(name: str) -> bool:
-    return _run(["ip", "link", "show", name], capture=True, check=False).returncode == 0
-
-
-def require_root() -> None:
-    if os.geteuid() != 0:
-        raise LabError("the lab cluster needs root (network namespaces, overlay mounts): "
-                       "run it as root, e.g. `sudo invoke lab.up`")
-    missing = [pkg for tool, pkg in HOST_TOOLS.items()
-               if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists()]
-    if missing:
-        raise LabError("the lab needs these Debian packages on this machine: "
-                       f"apt-get install {' '.join(sorted(set(missing)))}")
 
 
 def _ensure_bridge(name: str, address: str | None) -> None:
@@ -437,39 +401,6 @@ def status(lab_id: int = 0) -> dict[str, object]:
                   for i in nodes},
         "inventory": str(lab.inventory) if lab.inventory.exists() else None,
     }
-
-
-def node_requirements() -> list[str]:
-    """The pip requirements the python_env role installs on a Linux node, from its defaults."""
-    defaults = yaml.safe_load((REPO / "roles/python_env/defaults/main.yml").read_text())
-    return [f"mlx[cpu]=={defaults['python_env_mlx_version']}",
-            f"mlx-lm=={defaults['python_env_mlx_lm_version']}"]
-
-
-def prepare_offline_cache(mlx_requirements: list[str] | None = None) -> None:
-    """Fill the caches lab hosts install from: apt archives and a wheelhouse.
-
-    Idempotent and quick when the caches are already full. Needs the registries
-    (run it where they are reachable: CI and developer machines).
-    """
-    require_root()
-    WHEELHOUSE.mkdir(parents=True, exist_ok=True)
-    # Several labs (test runs side by side) fill the same caches: one at a time, as apt's own
-    # lock would otherwise fail the second with "Could not get lock".
-    with open(WHEELHOUSE / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        _fill_caches(mlx_requirements or node_requirements())
-
-
-def _fill_caches(mlx_requirements: list[str]) -> None:
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    download = ["apt-get", "install", "-y", "-q", "--download-only", *APT_PACKAGES]
-    if subprocess.run(download, env=env, capture_output=True).returncode != 0:
-        # The package lists may be missing or stale on a fresh machine.
-        _run(["apt-get", "update", "-q"], capture=True)
-        _run(download, capture=True)
-    _run([sys.executable, "-m", "pip", "download", "-q", "--dest", str(WHEELHOUSE),
-          "--only-binary=:all:", *mlx_requirements, "pip", "setuptools", "wheel"], capture=True)
 
 
 def set_limits(lab: Lab, node: int, cpu_percent: float | None = None, memory_bytes: int | None = None,

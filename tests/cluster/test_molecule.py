@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mlxcluster.lab import hosts
+from mlxcluster.lab import cache, hosts
 
 pytestmark = pytest.mark.cluster
 
@@ -40,7 +40,7 @@ def offline_cache() -> None:
     """Lab hosts install from the machine's caches: fill them once (quick when full)."""
     if os.geteuid() != 0:
         pytest.skip("molecule scenarios need root (network namespaces)")
-    hosts.prepare_offline_cache()
+    cache.prepare_offline_cache()
 
 
 def test_every_role_has_a_scenario() -> None:

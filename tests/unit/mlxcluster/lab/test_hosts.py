@@ -39,6 +39,3 @@ def test_written_inventory_is_valid_and_pins_the_lab_host_keys(tmp_path, monkeyp
                 for h, v in linux.items()}
     assert inventory_errors(groups, hostvars) == []
 
-
-def test_node_requirements_follow_the_role_pins():
-    assert hosts.node_requirements() == ["mlx[cpu]==0.32.4", "mlx-lm==0.32.2"]
