@@ -3,6 +3,8 @@ thunderbolt_macos.py) makes of the three queries' output, in the format macOS pr
 
 from __future__ import annotations
 
+import pytest
+
 from filter_plugins.thunderbolt_macos import (
     hardware_ports,
     services,
@@ -102,28 +104,21 @@ def test_a_disabled_service_is_enabled_and_a_gone_cables_service_removed():
     assert found["remove"] == ["MLX Thunderbolt en4"]
 
 
-def test_a_port_that_is_not_a_thunderbolt_port_is_named_with_what_the_mac_has():
-    links = [["mac1:en0", "mac2:en2"]]
+# An Ethernet adapter on a Thunderbolt port is listed as "Thunderbolt Ethernet Slot 1": a cable
+# between Macs is never on it, any more than on the Mac's own Ethernet.
+ADAPTER = HARDWARE + "\nHardware Port: Thunderbolt Ethernet Slot 1\nDevice: en9\nEthernet Address: x\n"
+
+
+@pytest.mark.parametrize(("port", "hardware"), [("en0", HARDWARE), ("en9", ADAPTER)])
+def test_a_port_that_is_not_a_thunderbolt_port_is_named_with_what_the_mac_has(port, hardware):
+    links = [[f"mac1:{port}", "mac2:en2"]]
     view = {h: {"thunderbolt_links": links, "thunderbolt_link_pool": "192.168.200.0/24"} for h in HOSTS[:2]}
     order_text, list_text = order(*BASE, BRIDGE_ON)
-    found = thunderbolt_macos_links(topology.ports_of("mac1", HOSTS[:2], view), HARDWARE, order_text,
+    found = thunderbolt_macos_links(topology.ports_of("mac1", HOSTS[:2], view), hardware, order_text,
                                     list_text, "Thunderbolt Bridge", "MLX Thunderbolt ")
-    assert found["missing"] == ["en0"]
+    assert found["missing"] == [port]
     assert found["thunderbolt_ports"] == ["en2 (Thunderbolt 1)", "en3 (Thunderbolt 2)"]
     assert found["ports"] == []
-
-
-def test_a_thunderbolt_ethernet_adapter_is_not_a_thunderbolt_port():
-    # An Ethernet adapter on a Thunderbolt port is listed as "Thunderbolt Ethernet Slot 1": a
-    # cable between Macs is never on it.
-    adapter = HARDWARE + "\nHardware Port: Thunderbolt Ethernet Slot 1\nDevice: en9\nEthernet Address: x\n"
-    links = [["mac1:en9", "mac2:en2"]]
-    view = {h: {"thunderbolt_links": links, "thunderbolt_link_pool": "192.168.200.0/24"} for h in HOSTS[:2]}
-    order_text, list_text = order(*BASE, BRIDGE_ON)
-    found = thunderbolt_macos_links(topology.ports_of("mac1", HOSTS[:2], view), adapter, order_text,
-                                    list_text, "Thunderbolt Bridge", "MLX Thunderbolt ")
-    assert found["missing"] == ["en9"]
-    assert found["thunderbolt_ports"] == ["en2 (Thunderbolt 1)", "en3 (Thunderbolt 2)"]
 
 
 def test_the_rdma_devices_are_read_from_ibv_devices_as_mlx_reads_them():
