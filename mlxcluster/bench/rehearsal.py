@@ -15,13 +15,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from mlxcluster.bench import provision, results
 from mlxcluster.errors import UserError
 from mlxcluster.lab import hosts
-from mlxcluster.paths import REPO, RUNS
+from mlxcluster.launch import runs
+from mlxcluster.paths import REPO
 
 INVOKE = str(Path(sys.executable).parent / "invoke")
 # A stand-in's losses on N ranks against one process's: float sums in another order only.
@@ -37,14 +39,6 @@ def invoke(*args: str, timeout: float = 3600) -> tuple[subprocess.CompletedProce
     return proc, round(time.perf_counter() - start, 1)
 
 
-def run_dir_of(stdout: str) -> Path | None:
-    """The runs/<id> folder `invoke train` names in its summary table."""
-    for line in stdout.splitlines():
-        if line.strip().startswith("run 2"):
-            return RUNS / line.split()[-1]
-    return None
-
-
 def doctor(inventory: Path) -> dict[str, Any]:
     proc, seconds = invoke("doctor", "-i", str(inventory), "--json", timeout=600)
     try:
@@ -52,12 +46,9 @@ def doctor(inventory: Path) -> dict[str, Any]:
     except ValueError:
         return {"seconds": seconds, "green": False, "error": (proc.stdout + proc.stderr)[-2000:]}
     red = [f"{c['scope']}: {c['name']}: {c['detail']}" for c in checks if not c["ok"]]
-    routes: dict[str, int] = {}
-    for c in checks:
-        if c["name"].startswith("ssh over"):
-            routes[c["name"]] = routes.get(c["name"], 0) + 1
+    routes = Counter(c["name"] for c in checks if c["name"].startswith("ssh over"))
     return {"seconds": seconds, "green": proc.returncode == 0 and not red, "checks": len(checks),
-            "passed": len(checks) - len(red), "red": red, "pairs_by_route": routes}
+            "passed": len(checks) - len(red), "red": red, "pairs_by_route": dict(routes)}
 
 
 def training(inventory: Path, steps: int, ranks: int, *flags: str) -> dict[str, Any]:
@@ -66,7 +57,7 @@ def training(inventory: Path, steps: int, ranks: int, *flags: str) -> dict[str, 
                            "--extra", f"--steps-per-report 1 --steps-per-eval {steps} --val-batches 1",
                            *flags)
     found: dict[str, Any] = {"seconds": seconds, "flags": list(flags), "ok": proc.returncode == 0}
-    run_dir = run_dir_of(proc.stdout)
+    run_dir = runs.named_in(proc.stdout)
     if proc.returncode != 0:
         # The last line a refusal or failure says, which is its reason.
         found["said"] = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or [""])[-1]

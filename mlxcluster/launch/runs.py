@@ -152,6 +152,15 @@ def summary_table(results: Path) -> Any:
     return table
 
 
+def named_in(output: str) -> Path | None:
+    """The run folder an `invoke train` printed names in its summary table's title
+    (summary_table's "run <id>"); None when it printed none."""
+    for line in output.splitlines():
+        if line.strip().startswith("run 2"):
+            return RUNS / line.split()[-1]
+    return None
+
+
 # --- invoke generate ------------------------------------------------------------------------------
 
 ADAPTER_FILES = ("adapter_config.json", "adapters.safetensors")

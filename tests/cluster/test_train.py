@@ -24,6 +24,7 @@ import yaml
 
 from mlxcluster import paths
 from mlxcluster.lab import hosts
+from mlxcluster.launch import runs
 from tests.cluster.conftest import (
     LabCluster,
     assert_equal_across_ranks,
@@ -61,8 +62,9 @@ def finished_run(proc: subprocess.CompletedProcess[str]) -> Path:
 
 def run_dir_of(stdout: str) -> Path:
     """The runs/<id> directory named in the summary table `invoke train` prints."""
-    return REPO / "runs" / next(line.split()[-1] for line in stdout.splitlines()
-                                if line.strip().startswith("run 2"))
+    found = runs.named_in(stdout)
+    assert found is not None, stdout[-3000:]
+    return found
 
 
 def test_train_runs_on_both_nodes_over_the_link_and_brings_results_back(provisioned, tiny_inputs, tmp_path):

@@ -171,3 +171,9 @@ def test_invoke_generate_says_what_is_wrong_with_the_adapters_or_the_model(uneve
         proc = invoke_generate("--prompt", "count 001", *args)
         assert proc.returncode == 1 and said in proc.stderr, (args, proc.stderr)
         assert "Traceback" not in proc.stderr
+
+
+def test_the_run_folder_is_read_from_the_summary_table_invoke_train_prints():
+    printed = "==> training on 2 ranks\n        run 20261125-094932        \n│ world_size │ 2 │\n"
+    assert runs.named_in(printed) == runs.RUNS / "20261125-094932"
+    assert runs.named_in("error: no model\n") is None
