@@ -13,8 +13,8 @@ from pathlib import Path
 import yaml
 
 from mlxcluster.lab.system import require_root, run
+from mlxcluster.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 WHEELHOUSE = Path("/var/cache/mlx-lab/wheels")
 # Debian packages the roles install on Linux nodes; the lab caches them.
 APT_PACKAGES = ("openmpi-bin", "libopenmpi-dev", "libopenblas0-pthread", "python3-venv", "g++",

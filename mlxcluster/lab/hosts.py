@@ -44,7 +44,6 @@ from mlxcluster.lab.system import LabError, require_root
 from mlxcluster.lab.system import link_exists as _link_exists
 from mlxcluster.lab.system import run as _run
 
-REPO = Path(__file__).resolve().parents[2]
 LAB_ROOT = Path(os.environ.get("MLX_LAB_ROOT", "/srv/mlx-lab"))
 OVERLAID = ("opt", "usr", "etc", "var", "root", "home")
 # MLX's CPU backend compiles its kernels with the C++ compiler on first use and keeps them in
