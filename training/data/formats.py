@@ -1,9 +1,13 @@
-"""The input rows `training.data.prepare` reads, and each row as chat messages.
+"""The input rows `training.data.prepare` reads, their format, and the checks of the simple ones.
 
-Rows come from JSON Lines (or a .json file holding a list) in one of three formats, dolly, alpaca
-or chat, told apart by the first row's keys; `training/data/prepare.py`'s docstring says how each
-becomes messages. A row that does not fit its format is a `DataError` naming the file, the line (or
-row) and what is wrong.
+Rows come from JSON Lines (or a .json file holding a list) in one of five formats, told apart by
+the first row's keys (FORMAT_KEYS): chat ("messages"), completions ("prompt", "completion"),
+alpaca ("instruction", "input", "output"), dolly ("instruction", "context", "response") and text
+("text"). A later row with another format's keys is refused. Here dolly and alpaca rows become
+chat messages, and completions and text rows keep their strings as written; chat rows, with their
+tools and tool calls, are checked in `training/data/chat.py`. `training/data/prepare.py`'s
+docstring says what each becomes. A row that does not fit its format is a `DataError` naming the
+file, the line (or row) and what is wrong.
 """
 
 from __future__ import annotations
@@ -17,9 +21,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROLES = ("system", "user", "assistant")
+# Each format and the keys that tell it, tried in this order: a row with the keys of two formats is
+# of the first. Text comes last because alpaca exports often carry a "text" column that holds the
+# whole prompt already formatted; its instruction keys say more.
+FORMAT_KEYS = {
+    "chat": ("messages",),
+    "completions": ("prompt", "completion"),
+    "alpaca": ("output", "input"),
+    "dolly": ("response", "context"),
+    "text": ("text",),
+}
+FORMAT_SHAPES = {
+    "chat": "'messages' (chat)",
+    "completions": "'prompt' + 'completion' (completions)",
+    "alpaca": "'instruction' + 'output' (alpaca)",
+    "dolly": "'instruction' + 'response' (dolly)",
+    "text": "'text' (text)",
+}
 
-# Per format: the fields that must hold text, and the optional one appended to the instruction.
+# Per instruction format: the fields that must hold text, and the optional one appended to the
+# instruction.
 ROW_FIELDS = {
     "dolly": ("instruction", "response", "context"),
     "alpaca": ("instruction", "output", "input"),
@@ -124,95 +145,63 @@ def json_type(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
+def format_of(row: Row) -> str | None:
+    """The format whose keys the row has (FORMAT_KEYS), None when it has none of them."""
+    if not isinstance(row.value, dict):
+        raise DataError(f"{row.location}: expected a JSON object, got {json_type(row.value)}")
+    return next((name for name, keys in FORMAT_KEYS.items() if any(key in row.value for key in keys)), None)
+
+
 def detect_format(row: Row) -> str:
-    """'chat', 'alpaca' or 'dolly', from the keys of one row."""
-    if not isinstance(row.value, dict):
-        raise DataError(f"{row.location}: expected a JSON object, got {json_type(row.value)}")
-    keys = row.value.keys()
-    if "messages" in keys:
-        return "chat"
-    if "output" in keys or "input" in keys:
-        return "alpaca"
-    if "response" in keys or "context" in keys:
-        return "dolly"
-    raise DataError(
-        f"{row.location}: cannot tell the format from the keys {sorted(keys)}: expected 'messages' (chat), "
-        "'instruction' + 'output' (alpaca) or 'instruction' + 'response' (dolly)"
-    )
+    """The format of the first row, which every other row must then be of."""
+    found = format_of(row)
+    if found is None:
+        shapes = ", ".join(FORMAT_SHAPES.values())
+        raise DataError(f"{row.location}: cannot tell the format from the keys {sorted(row.value)}: "
+                        f"expected {shapes}")
+    return found
 
 
-def to_messages(row: Row, data_format: str, system_prompt: str | None = None) -> list[Message]:
-    """One row as chat messages, or a DataError naming the row and what is wrong with it."""
-    if not isinstance(row.value, dict):
-        raise DataError(f"{row.location}: expected a JSON object, got {json_type(row.value)}")
-    if data_format == "chat":
-        messages = checked_messages(row)
-    else:
-        messages = instruction_messages(row, data_format)
-    if system_prompt and not any(message["role"] == "system" for message in messages):
-        messages = [{"role": "system", "content": system_prompt}, *messages]
-    return messages
+def check_same_format(row: Row, data_format: str) -> None:
+    """Refuse a row that has another format's keys; a row with none is left to its format's checks,
+    which name the key it misses."""
+    found = format_of(row)
+    if found is not None and found != data_format:
+        raise DataError(f"{row.location}: a {found} row in a file of {data_format} rows (the first "
+                        "row's keys decide the format): every row must be of one format")
+
+
+def required_text(row: Row, data_format: str, key: str) -> str:
+    """The row's string under `key`, as written; missing, not a string or blank is a DataError."""
+    value = row.value.get(key)
+    if value is None:
+        raise DataError(f"{row.location}: {data_format} row has no '{key}'")
+    if not isinstance(value, str):
+        raise DataError(f"{row.location}: {data_format} row's '{key}' is not a string")
+    if not value.strip():
+        raise DataError(f"{row.location}: {data_format} row has an empty '{key}'")
+    return value
 
 
 def instruction_messages(row: Row, data_format: str) -> list[Message]:
+    """A dolly or alpaca row as a user message (the instruction, then any context or input after
+    a blank line) and the assistant's answer, each stripped of surrounding blank space."""
     instruction_key, answer_key, extra_key = ROW_FIELDS[data_format]
-    texts = {}
-    for key in (instruction_key, answer_key, extra_key):
-        value = row.value.get(key)
-        if value is None and key == extra_key:
-            value = ""
-        if value is None:
-            raise DataError(f"{row.location}: {data_format} row has no '{key}'")
-        if not isinstance(value, str):
-            raise DataError(f"{row.location}: {data_format} row's '{key}' is not a string")
-        texts[key] = value.strip()
-        if not texts[key] and key != extra_key:
-            raise DataError(f"{row.location}: {data_format} row has an empty '{key}'")
-    prompt = texts[instruction_key]
-    if texts[extra_key]:
-        prompt = f"{prompt}\n\n{texts[extra_key]}"
-    return [{"role": "user", "content": prompt}, {"role": "assistant", "content": texts[answer_key]}]
+    instruction = required_text(row, data_format, instruction_key).strip()
+    answer = required_text(row, data_format, answer_key).strip()
+    extra = row.value.get(extra_key)
+    if extra is not None and not isinstance(extra, str):
+        raise DataError(f"{row.location}: {data_format} row's '{extra_key}' is not a string")
+    prompt = f"{instruction}\n\n{extra.strip()}" if extra and extra.strip() else instruction
+    return [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
 
 
-def checked_messages(row: Row) -> list[Message]:
-    if "messages" not in row.value:
-        raise DataError(f"{row.location}: chat row has no 'messages'")
-    messages = row.value["messages"]
-    if not isinstance(messages, list) or not messages:
-        raise DataError(f"{row.location}: chat row's 'messages' must be a non-empty list")
-    for number, message in enumerate(messages, 1):
-        where = f"{row.location}: message {number}"
-        if not isinstance(message, dict):
-            raise DataError(f"{where} is not a JSON object")
-        if "role" not in message:
-            raise DataError(f"{where} has no 'role'")
-        if message["role"] not in ROLES:
-            raise DataError(f"{where} has role {message['role']!r}: expected one of {', '.join(ROLES)}")
-        if "content" not in message:
-            raise DataError(f"{where} has no 'content'")
-        if not isinstance(message["content"], str):
-            raise DataError(f"{where}: 'content' is not a string")
-        if unknown := sorted(set(message) - {"role", "content"}):
-            raise DataError(f"{where} has keys {unknown} besides role and content: a chat message "
-                            "holds those two only")
-        if message["role"] != "system" and not message["content"].strip():
-            raise DataError(f"{where}: an empty {message['role']} message: drop the row or fill it in")
-    if not any(message["role"] == "user" for message in messages):
-        raise DataError(f"{row.location}: chat row has no user message")
-    if messages[-1]["role"] != "assistant":
-        last = messages[-1]["role"]
-        raise DataError(f"{row.location}: chat row must end with an assistant message, not a {last} one")
-    check_turns(row.location, messages)
-    return messages
+def completions_record(row: Row) -> dict[str, str]:
+    """A completions row's prompt and completion, as written: mlx-lm trains on them as they are,
+    and a leading space or newline in a completion can be what the model is to learn."""
+    return {key: required_text(row, "completions", key) for key in ("prompt", "completion")}
 
 
-def check_turns(location: str, messages: list[Message]) -> None:
-    """An optional system message first, then user and assistant messages in turn."""
-    turns = messages[1:] if messages[0]["role"] == "system" else messages
-    offset = len(messages) - len(turns)
-    for index, message in enumerate(turns):
-        expected = "user" if index % 2 == 0 else "assistant"
-        if message["role"] != expected:
-            raise DataError(f"{location}: message {index + offset + 1} is a {message['role']} message "
-                            f"where a {expected} one must come: a chat is an optional system "
-                            "message, then user and assistant messages in turn")
+def text_record(row: Row) -> dict[str, str]:
+    """A text row's text, as written (mlx-lm learns all of it, with no template around it)."""
+    return {"text": required_text(row, "text", "text")}

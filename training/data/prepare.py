@@ -1,41 +1,48 @@
-"""Turn instruction data into mlx-lm's chat format and split it into train / valid (/ test).
+"""Turn training data into the folder `mlx_lm.lora --data DIR` reads, split into train / valid (/ test).
 
     python -m training.data.prepare --input data.jsonl --output DIR [--valid-fraction 0.2]
         [--test-fraction 0] [--seed 0] [--max-tokens N --model PATH] [--system-prompt TEXT]
 
 writes DIR/train.jsonl, DIR/valid.jsonl, DIR/test.jsonl (only with a test fraction) and
-DIR/summary.json, one `{"messages": [{"role": ..., "content": ...}, ...]}` per line, which
-`mlx_lm.lora --data DIR` reads as a chat data set.
+DIR/summary.json, one example per line in one of the formats mlx-lm trains on (LORA.md, "Data").
 
 Input is a regular UTF-8 file (a leading byte order mark is dropped) of JSON Lines, or a .json file
-holding a list of rows, in one of three formats, told apart by the first row's keys; every row must
-then be of that format (`training/data/formats.py` reads them):
-- dolly:  {"instruction", "context", "response", "category"}: the user says the instruction, followed
-  by the context after a blank line when there is one; the assistant says the response.
+holding a list of rows, in one of five formats, told apart by the first row's keys; every row must
+then be of that format, and a row with another format's keys is refused (`training/data/formats.py`
+reads them, `training/data/examples.py` makes each the line written out):
+- dolly:  {"instruction", "context", "response", "category"}: becomes a chat, the user saying the
+  instruction followed by the context after a blank line when there is one, the assistant the
+  response; stripped of surrounding blank space.
 - alpaca: {"instruction", "input", "output"}: likewise with input and output.
-- chat:   {"messages": [...]}: kept as it is once checked (roles system / user / assistant, string
-  contents, at least one user message, the assistant speaks last). Other keys of the row are dropped.
-Instructions, contexts and responses are stripped of surrounding blank space. `system_prompt`, when
-given, opens every example that has no system message of its own.
+- chat:   {"messages": [...], "tools": [...]}: mlx-lm's chat and tools formats, kept as they are
+  once checked (`training/data/chat.py`: roles system / user / assistant / tool, the keys chat
+  templates read, the turns in order, at least one user message, the assistant speaks last; the
+  optional tools and the assistants' tool_calls as `training/data/tool_calls.py` says).
+- completions: {"prompt", "completion"} (and "tools"): kept as written, in this format.
+- text:   {"text"}: kept as written, in this format.
+Other keys of a row are dropped. `system_prompt`, when given, opens every chat (dolly and alpaca
+rows included) that has no system message of its own; completions and text have no place for one,
+so it is refused for them.
 
 The split is by hash, not by shuffle: each example goes to test, valid or train according to where
-sha256(seed, its non-system messages) falls in [0, 1) (test below test_fraction, valid below
-test_fraction + valid_fraction). The same seed always gives the same split, appending rows never
-moves an example already there, and changing the system prompt moves nothing; in exchange the
+sha256(seed, the example less its system messages) falls in [0, 1) (test below test_fraction, valid
+below test_fraction + valid_fraction). The same seed always gives the same split, appending rows
+never moves an example already there, and changing the system prompt moves nothing; in exchange the
 fractions are expected, not exact. When a split that must not be empty (train, valid, test when
 asked for) comes out empty, the example whose hash lies nearest to that split's range is moved into
 it, so tiny data sets still work (at least 2 examples, 3 with a test split).
 
-Exact duplicates (same messages after conversion) are dropped, and so are examples longer than
-`max_tokens` as counted by the model's tokenizer over the chat template: never truncated, since a
-cut-off answer teaches the model to stop mid-sentence. Bad input stops with the file, line and what
-is wrong, and writes nothing; outputs replace the old ones only once all of them are written.
+Exact duplicates (the same line written out) are dropped, and so are examples longer than
+`max_tokens` as counted by the model's tokenizer the way mlx-lm tokenizes them for training (the
+chat template, with the tools, for chat and completions; the text and an end token for text):
+never truncated, since a cut-off answer teaches the model to stop mid-sentence. Bad input stops
+with the file, line and what is wrong, and writes nothing; outputs replace the old ones only once
+all of them are written.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import secrets
@@ -50,7 +57,16 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from training.data.formats import DataError, Message, detect_format, read_rows, to_messages
+from training.data.examples import (
+    SYSTEM_PROMPT_FORMATS,
+    Record,
+    canonical,
+    check_writable,
+    example_length,
+    split_position,
+    to_record,
+)
+from training.data.formats import DataError, Row, check_same_format, detect_format, read_rows
 
 SPLITS = ("train", "valid", "test")
 OUTPUT_FILES = ("train.jsonl", "valid.jsonl", "test.jsonl", "summary.json")
@@ -58,7 +74,7 @@ OUTPUT_FILES = ("train.jsonl", "valid.jsonl", "test.jsonl", "summary.json")
 
 @dataclass(frozen=True)
 class Example:
-    messages: list[Message]
+    record: Record  # the line written out
     position: float  # where the example's hash falls in [0, 1)
     length: int  # tokens with a tokenizer, else characters
 
@@ -83,17 +99,6 @@ class Summary:
     length_min: int
     length_mean: float
     length_max: int
-
-
-def canonical(messages: list[Message]) -> str:
-    return json.dumps(messages, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-
-
-def split_position(seed: int, messages: list[Message]) -> float:
-    """Where (seed, the example without its system messages) hashes to in [0, 1)."""
-    content = canonical([message for message in messages if message["role"] != "system"])
-    digest = hashlib.sha256(f"{seed}\0{content}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64
 
 
 def required_splits(test_fraction: float) -> tuple[str, ...]:
@@ -138,22 +143,6 @@ def assign_splits(positions: Sequence[float], valid_fraction: float, test_fracti
     return splits
 
 
-def has_chat_template(tokenizer: Any) -> bool:
-    flag = getattr(tokenizer, "has_chat_template", None)  # mlx-lm's TokenizerWrapper
-    if isinstance(flag, bool):
-        return flag
-    return getattr(tokenizer, "chat_template", None) is not None
-
-
-def example_length(messages: list[Message], tokenizer: Any = None) -> int:
-    """Tokens the way mlx-lm's ChatDataset tokenizes the example, or characters without a tokenizer."""
-    if tokenizer is None:
-        return sum(len(message["content"]) for message in messages)
-    if has_chat_template(tokenizer):
-        return len(tokenizer.apply_chat_template(messages, return_dict=False))
-    return len(tokenizer.encode("\n".join(message["content"] for message in messages)))
-
-
 def load_tokenizer(model: Path) -> Any:
     """The tokenizer of a local mlx-lm model directory, loaded as mlx-lm loads it for training."""
     if not model.is_dir():
@@ -184,15 +173,6 @@ def check_output_spares_input(input: Path, output: Path) -> None:
     if os.path.realpath(input) in {os.path.realpath(output / name) for name in OUTPUT_FILES}:
         raise DataError(f"--output {output} would replace the input {input} (it writes "
                         f"{', '.join(OUTPUT_FILES)} there): choose another output folder")
-
-
-def check_encodable(location: str, messages: list[Message]) -> None:
-    """Text that cannot be written as UTF-8 (a lone surrogate such as \\ud800), named by its row."""
-    try:
-        json.dumps(messages, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError as error:
-        raise DataError(f"{location}: text that is not valid Unicode ({error.reason}, "
-                        f"{error.object[error.start:error.end]!a}): fix or drop the row") from None
 
 
 def write_atomically(output: Path, files: dict[str, str]) -> None:
@@ -249,24 +229,42 @@ def check_options(
 
 
 def keep_examples(
-    converted: Sequence[list[Message]], seed: int, tokenizer: Any = None, max_tokens: int | None = None
+    records: Sequence[Record], seed: int, tokenizer: Any = None, max_tokens: int | None = None
 ) -> Kept:
-    """The converted rows as examples, without exact duplicates and those longer than max_tokens."""
+    """The records as examples, without exact duplicates and those longer than max_tokens."""
     seen: set[str] = set()
     examples: list[Example] = []
     dropped_duplicates = dropped_too_long = 0
-    for messages in converted:
-        key = canonical(messages)
+    for record in records:
+        key = canonical(record)
         if key in seen:
             dropped_duplicates += 1
             continue
         seen.add(key)
-        length = example_length(messages, tokenizer)
+        length = example_length(record, tokenizer)
         if max_tokens is not None and length > max_tokens:
             dropped_too_long += 1
             continue
-        examples.append(Example(messages, split_position(seed, messages), length))
+        examples.append(Example(record, split_position(seed, record), length))
     return Kept(examples, dropped_duplicates, dropped_too_long)
+
+
+def check_system_prompt(input: Path, data_format: str, system_prompt: str | None) -> None:
+    """Refuse a system prompt the format has no place for, rather than drop it unsaid."""
+    if system_prompt and data_format not in SYSTEM_PROMPT_FORMATS:
+        raise DataError(f"{input}: --system-prompt given for {data_format} rows, which have no system "
+                        f"message (mlx-lm trains on them as written): drop it, or use chat rows")
+
+
+def to_records(rows: Sequence[Row], data_format: str, system_prompt: str | None) -> list[Record]:
+    """Every row as the record written out; the first bad row stops it (see `to_record`)."""
+    records = []
+    for row in rows:
+        check_same_format(row, data_format)
+        record = to_record(row, data_format, system_prompt)
+        check_writable(row.location, record)
+        records.append(record)
+    return records
 
 
 def split_lines(
@@ -276,7 +274,7 @@ def split_lines(
     splits = assign_splits([example.position for example in examples], valid_fraction, test_fraction)
     lines: dict[str, list[str]] = {name: [] for name in SPLITS}
     for example, split in zip(examples, splits, strict=True):
-        lines[split].append(json.dumps({"messages": example.messages}, ensure_ascii=False) + "\n")
+        lines[split].append(json.dumps(example.record, ensure_ascii=False) + "\n")
     return lines
 
 
@@ -299,10 +297,8 @@ def prepare(
     if not rows:
         raise DataError(f"{input}: no rows: the input is empty")
     data_format = detect_format(rows[0])
-    converted = [to_messages(row, data_format, system_prompt) for row in rows]
-    for row, messages in zip(rows, converted, strict=True):
-        check_encodable(row.location, messages)
-    kept = keep_examples(converted, seed, tokenizer, max_tokens)
+    check_system_prompt(input, data_format, system_prompt)
+    kept = keep_examples(to_records(rows, data_format, system_prompt), seed, tokenizer, max_tokens)
     if len(kept.examples) < len(required_splits(test_fraction)):
         details = [f"{len(rows)} read", f"{kept.dropped_duplicates} duplicates"]
         if max_tokens is not None:
@@ -371,9 +367,9 @@ def print_summary(summary: Summary, console: Console) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m training.data.prepare",
-        description="Turn dolly, alpaca or chat instruction data into mlx-lm chat data split into "
-        "train/valid(/test). The split hashes each example, so it is stable for a seed and when rows are "
-        "appended; the fractions are expected, not exact.",
+        description="Turn dolly, alpaca, chat (with tools), completions or text rows into mlx-lm data "
+        "split into train/valid(/test). The split hashes each example, so it is stable for a seed and "
+        "when rows are appended; the fractions are expected, not exact.",
     )
     parser.add_argument("--input", type=Path, required=True, help="a .jsonl file (or a .json list of rows)")
     parser.add_argument("--output", type=Path, required=True, help="the directory to write the splits to")
@@ -382,7 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of the split hash (0)")
     parser.add_argument("--max-tokens", type=int, help="drop examples longer than this; needs --model")
     parser.add_argument("--model", type=Path, help="local mlx-lm model directory: its tokenizer counts")
-    parser.add_argument("--system-prompt", help="system message for examples that have none")
+    parser.add_argument("--system-prompt", help="system message for chats that have none (dolly, alpaca "
+                        "and chat rows; completions and text have no place for one)")
     return parser
 
 

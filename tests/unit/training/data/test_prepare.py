@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -146,7 +147,12 @@ def test_a_bad_row_in_a_json_list_is_named_by_its_position(tmp_path: Path) -> No
     ("row", "message"),
     [
         ({"instruction": "x", "input": "y"}, "alpaca row has no 'output'"),
-        ({"instruction": "x", "response": "y"}, "alpaca row has no 'output'"),
+        ({"instruction": "x"}, "alpaca row has no 'output'"),
+        (
+            {"instruction": "x", "response": "y"},
+            "a dolly row in a file of alpaca rows (the first row's keys decide the format): every row "
+            "must be of one format",
+        ),
         ({"input": "y", "output": "z"}, "alpaca row has no 'instruction'"),
         ({"instruction": "x", "output": 3}, "alpaca row's 'output' is not a string"),
         ({"instruction": " ", "output": "z"}, "alpaca row has an empty 'instruction'"),
@@ -168,9 +174,11 @@ def test_a_row_missing_its_fields_names_file_line_and_field(tmp_path: Path, row:
         ("hi", "chat row's 'messages' must be a non-empty list"),
         ([], "chat row's 'messages' must be a non-empty list"),
         (
-            [{"role": "tool", "content": "x"}],
-            "message 1 has role 'tool': expected one of system, user, assistant",
+            [{"role": "function", "content": "x"}],
+            "message 1 has role 'function': expected one of system, user, assistant, tool",
         ),
+        ([{"role": "user", "content": None}], "message 1: 'content' is null, which only an assistant "
+         "message with tool_calls may be"),
         ([{"content": "x"}], "message 1 has no 'role'"),
         ([{"role": "user"}], "message 1 has no 'content'"),
         ([{"role": "user", "content": ["x"]}], "message 1: 'content' is not a string"),
@@ -192,9 +200,16 @@ def test_chat_messages_are_validated(tmp_path: Path, messages: Any, message: str
     assert str(caught.value) == f"{source}:2: {message}"
 
 
-def test_a_chat_file_with_an_instruction_row_says_the_row_has_no_messages(tmp_path: Path) -> None:
+def test_a_chat_file_with_an_instruction_row_names_the_row_and_both_formats(tmp_path: Path) -> None:
     good = {"messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]}
     source = write_jsonl(tmp_path / "chat.jsonl", [good, dolly(1)])
+    with pytest.raises(tp.DataError, match=r"chat\.jsonl:2: a dolly row in a file of chat rows"):
+        run(source, tmp_path / "out")
+
+
+def test_a_chat_file_with_a_row_of_no_format_says_the_row_has_no_messages(tmp_path: Path) -> None:
+    good = {"messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]}
+    source = write_jsonl(tmp_path / "chat.jsonl", [good, {"id": 2}])
     with pytest.raises(tp.DataError, match=r"chat\.jsonl:2: chat row has no 'messages'"):
         run(source, tmp_path / "out")
 
@@ -302,17 +317,27 @@ def test_different_seeds_give_different_splits(tmp_path: Path) -> None:
 
 
 def test_fractions_are_expected_shares() -> None:
-    positions = [tp.split_position(0, [{"role": "user", "content": str(i)}]) for i in range(4000)]
+    positions = [tp.split_position(0, {"text": str(i)}) for i in range(4000)]
     counts = Counter(tp.assign_splits(positions, valid_fraction=0.2, test_fraction=0.1))
     assert counts["test"] / 4000 == pytest.approx(0.1, abs=0.02)
     assert counts["valid"] / 4000 == pytest.approx(0.2, abs=0.02)
 
 
 def test_the_system_prompt_does_not_move_examples() -> None:
-    plain = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
-    with_system = [{"role": "system", "content": "Be a pirate."}, *plain]
+    plain = {"messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]}
+    with_system = {"messages": [{"role": "system", "content": "Be a pirate."}, *plain["messages"]]}
     assert tp.split_position(0, plain) == tp.split_position(0, with_system)
     assert tp.split_position(0, plain) != tp.split_position(1, plain)
+
+
+def test_chats_without_tools_split_as_they_did_before_tools_were_accepted() -> None:
+    # The hash then: sha256(seed, the non-system messages as canonical JSON); data prepared
+    # earlier must not move between splits.
+    messages = [{"role": "user", "content": "ü"}, {"role": "assistant", "content": "a"}]
+    before = hashlib.sha256(('7\0[{"content":"ü","role":"user"},{"content":"a","role":"assistant"}]')
+                            .encode()).digest()
+    position = tp.split_position(7, {"messages": [{"role": "system", "content": "s"}, *messages]})
+    assert position == int.from_bytes(before[:8], "big") / 2**64
 
 
 @pytest.mark.parametrize(
@@ -374,9 +399,9 @@ def test_examples_over_max_tokens_are_dropped_not_truncated(tmp_path: Path, tiny
 def test_without_a_chat_template_the_contents_are_counted(tiny_tokenizer: Path) -> None:
     tokenizer = PreTrainedTokenizerFast.from_pretrained(tiny_tokenizer)
     tokenizer.chat_template = None
-    messages = [{"role": "user", "content": "a b c"}, {"role": "assistant", "content": "d e"}]
-    assert tp.example_length(messages, tokenizer) == 5
-    assert tp.example_length(messages) == len("a b c") + len("d e")
+    record = {"messages": [{"role": "user", "content": "a b c"}, {"role": "assistant", "content": "d e"}]}
+    assert tp.example_length(record, tokenizer) == 5
+    assert tp.example_length(record) == len("a b c") + len("d e")
 
 
 def test_max_tokens_needs_a_tokenizer(tmp_path: Path) -> None:
@@ -580,15 +605,18 @@ def test_json_strings_holding_unicode_line_separators_are_kept_whole(tmp_path, c
 
 @pytest.mark.parametrize(("messages", "says"), [
     ([{"role": "assistant", "content": "a"}, {"role": "user", "content": "q"},
-      {"role": "assistant", "content": "a"}], "message 1 is a assistant message where a user one must come"),
+      {"role": "assistant", "content": "a"}], "message 1 is an assistant message where a user one must come"),
     ([{"role": "user", "content": "q"}, {"role": "user", "content": "q2"},
-      {"role": "assistant", "content": "a"}], "message 2 is a user message where a assistant one"),
+      {"role": "assistant", "content": "a"}], "message 2 is a user message where an assistant one"),
     ([{"role": "user", "content": "q"}, {"role": "system", "content": "s"},
       {"role": "assistant", "content": "a"}], "message 2 is a system message"),
     ([{"role": "user", "content": "q"}, {"role": "assistant", "content": "  "}],
      "message 2: an empty assistant message"),
     ([{"role": "user", "content": "q", "tool_calls": []}, {"role": "assistant", "content": "a"}],
-     "message 1 has keys ['tool_calls'] besides role and content"),
+     "message 1: a user message with 'tool_calls': only assistant messages have it"),
+    ([{"role": "user", "content": "q", "weight": 0}, {"role": "assistant", "content": "a"}],
+     "message 1 has keys ['weight'] besides role, content, tool_calls, tool_call_id, name: the keys "
+     "chat templates read"),
 ])
 def test_chat_rows_out_of_order_empty_or_with_unknown_keys_are_named(tmp_path, messages, says):
     rows = [{"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}]}
