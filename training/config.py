@@ -1,32 +1,40 @@
-"""The settings of a fine-tuning run: defaults, a YAML file over them, command line flags over both.
+"""The settings of a fine-tuning run: mlx-lm's LoRA config keys, this project's beside them.
 
-`FinetuneConfig` holds every key with its default and help text (`training/configs/lora.yaml`
-documents them again, for people); `merge_config` layers a file's values and the flags' values over
-the defaults, checking each against its type; `config_problems` says everything wrong with the
-result at once, for the world size the run has. `mlx_lm_args` gives the settings the names mlx-lm
-writes into adapter_config.json, so that mlx-lm's own tools load the adapters.
+`FinetuneConfig` holds every key of `mlx_lm lora`'s config file, with mlx-lm's defaults and meanings
+(tests/unit/training/test_mlx_lm_config.py reads `mlx_lm.lora.CONFIG_DEFAULTS` and LORA.md from the
+installed package and checks every key against them), then this project's own keys for the
+cluster (`parallel`, `batch_shares`, `max_micro_batch`, `stall_timeout`, `save_rank_weights`).
+`merge_config` layers a file's values and the flags' values over the defaults, checking each against
+its type, and reads this project's older key names (training/older_keys.py); `config_problems` says
+everything wrong with the result at once, for the world size the run has. `adapter_config` is
+adapter_config.json as `mlx_lm lora` writes it, so that mlx-lm's own tools load what a run leaves.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import difflib
 import math
+import re
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from training import older_keys
 from training.data import shares
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "lora.yaml"
-LR_SCHEDULES = ("none", "cosine")
+FINE_TUNE_TYPES = ("lora", "dora", "full")
+OPTIMIZERS = ("adam", "adamw", "muon", "sgd", "adafactor")
+REPORTERS = ("wandb", "swanlab")
 PARALLEL_MODES = ("data", "tensor")
+LORA_PARAMETERS = {"rank": 8, "dropout": 0.0, "scale": 20.0}
 # Integers beyond this are no step count, seed or size a run can use (and some cannot be printed).
 LARGEST_INT = 10**18
 
@@ -35,65 +43,99 @@ class ConfigError(ValueError):
     """Settings that cannot be trained with; the message names the key and what is wrong."""
 
 
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
 @dataclass(frozen=True)
 class FinetuneConfig:
-    model: str = field(default="models/base", metadata={"help": "mlx-lm model directory (or hub id)"})
-    data: str = field(
-        default="data/prepared", metadata={"help": "directory with train.jsonl and valid.jsonl (chat format)"}
-    )
-    adapter_path: str = field(default="adapters", metadata={"help": "output directory of rank 0"})
-    iters: int = field(default=200, metadata={"help": "optimizer steps"})
-    batch_size: int = field(
-        default=4, metadata={"help": "GLOBAL batch: examples per step over all ranks, at least one each"}
-    )
+    # --- mlx-lm's keys, its defaults (mlx_lm.lora.CONFIG_DEFAULTS) -------------------------------
+    model: str = field(default="Qwen/Qwen3-0.6b", metadata=_help("mlx-lm model folder or Hugging Face id"))
+    train: bool = field(default=True, metadata=_help("train (invoke train always does)"))
+    fine_tune_type: str = field(default="lora", metadata=_help(f"one of {', '.join(FINE_TUNE_TYPES)}"))
+    optimizer: str = field(default="adam", metadata=_help(f"one of {', '.join(OPTIMIZERS)}"))
+    optimizer_config: dict[str, Any] = field(
+        default_factory=lambda: {name: {} for name in OPTIMIZERS},
+        metadata=_help("each optimizer's settings, e.g. {adamw: {weight_decay: 0.01}} (YAML)"))
+    data: str = field(default="mlx-community/WikiSQL",
+                      metadata=_help("folder with train.jsonl, valid.jsonl and test.jsonl"))
+    seed: int = field(default=0, metadata=_help("seed of the initialisation, dropout and batch order"))
+    num_layers: int = field(default=16, metadata=_help("last layers to fine-tune; -1 for all"))
+    batch_size: int = field(default=4, metadata=_help("GLOBAL batch: examples per iteration over all ranks"))
+    iters: int = field(default=1000, metadata=_help("iterations (batches) to train for"))
+    val_batches: int = field(default=25, metadata=_help("batches per validation; -1 for all"))
+    learning_rate: float = field(default=1e-5, metadata=_help("the rate, when lr_schedule gives none"))
+    steps_per_report: int = field(default=10, metadata=_help("iterations between train loss reports"))
+    steps_per_eval: int = field(default=200, metadata=_help("iterations between validations"))
+    resume_adapter_file: str | None = field(default=None,
+                                            metadata=_help("adapters.safetensors to start a new run from"))
+    adapter_path: str = field(default="adapters", metadata=_help("output folder of rank 0"))
+    save_every: int = field(default=100, metadata=_help("iterations between checkpoints"))
+    test: bool = field(default=False, metadata=_help("evaluate on test.jsonl after training"))
+    test_batches: int = field(default=500, metadata=_help("test batches; -1 for all"))
+    max_seq_length: int = field(default=2048, metadata=_help("longer examples are truncated"))
+    config: str | None = field(default=None, metadata=_help("(the settings file; read as --config)"))
+    grad_checkpoint: bool = field(default=False, metadata=_help("recompute activations to save memory"))
+    grad_accumulation_steps: int = field(default=1,
+                                         metadata=_help("iterations whose gradients make one update"))
+    clear_cache_threshold: int = field(default=0,
+                                       metadata=_help("clear MLX's cache above this size (bytes, or 2GB)"))
+    lr_schedule: dict[str, Any] | None = field(
+        default=None, metadata=_help("{name, arguments, warmup, warmup_init} (YAML); none: constant"))
+    lora_parameters: dict[str, Any] = field(
+        default_factory=lambda: dict(LORA_PARAMETERS),
+        metadata=_help("{rank, scale, dropout, keys} of the LoRA and DoRA layers (YAML)"))
+    mask_prompt: bool = field(default=False, metadata=_help("learn only the completion / last reply"))
+    report_to: str | None = field(default=None, metadata=_help("wandb, swanlab or wandb,swanlab"))
+    project_name: str | None = field(default=None, metadata=_help("the project name report_to logs under"))
+    trust_remote_code: bool = field(default=False, metadata=_help("let the tokenizer run the model's code"))
+    # mlx-lm's example config's training_mode: normal is the one mode the pinned mlx-lm has.
+    training_mode: str = field(default="normal", metadata=_help("normal (the one mode of mlx-lm 0.32)"))
+    # mlx-lm's data keys (LORA.md), read by its dataset loaders.
+    hf_dataset: Any = field(default=None, metadata=_help("Hugging Face dataset(s) to train on (YAML)"))
+    prompt_feature: str = field(default="prompt", metadata=_help("completions data: the prompt's key"))
+    completion_feature: str = field(default="completion",
+                                    metadata=_help("completions data: the completion's key"))
+    chat_feature: str = field(default="messages", metadata=_help("chat data: the messages' key"))
+    text_feature: str = field(default="text", metadata=_help("text data: the text's key"))
+    # --- this project's keys, for the cluster ----------------------------------------------------
     parallel: str = field(
         default="data",
-        metadata={"help": "data: every rank holds the whole model and trains on its share of each batch; "
-                  "tensor: every rank holds a shard of the model (attention heads, MLP) and all train on "
-                  "the whole batch, for a model too big for one machine"},
-    )
+        metadata=_help("data: every rank holds the whole model and trains on its share of each batch; "
+                       "tensor: every rank holds a shard of the model and all train on the whole batch"))
     batch_shares: str | None = field(
         default=None,
-        metadata={"help": "examples of each global batch per rank, in rank order, summing to batch_size "
-                  "(e.g. 3,1 for a Mac three times as fast as the other); none: as equal as can be"},
-    )
+        metadata=_help("examples of each global batch per rank, in rank order, summing to batch_size "
+                       "(e.g. 3,1); none: as equal as can be"))
     max_micro_batch: str | None = field(
         default=None,
-        metadata={"help": "most examples a rank runs at once (one per rank, or one for all; 0: no "
-                  "limit): a larger share runs as micro-batches, gradients accumulated"},
-    )
-    learning_rate: float = field(
-        default=1e-4, metadata={"help": "Adam learning rate (peak, with a schedule)"}
-    )
-    lr_schedule: str = field(default="none", metadata={"help": f"one of {', '.join(LR_SCHEDULES)}"})
-    warmup_steps: int = field(default=0, metadata={"help": "steps of linear warmup from 0"})
-    lora_rank: int = field(default=8, metadata={"help": "rank of the LoRA matrices"})
-    lora_scale: float = field(default=20.0, metadata={"help": "LoRA output scale (PEFT's alpha / rank)"})
-    lora_dropout: float = field(default=0.0, metadata={"help": "dropout on the LoRA input"})
-    num_layers: int = field(default=8, metadata={"help": "last layers to adapt; -1 for all"})
-    max_seq_length: int = field(default=2048, metadata={"help": "longer examples are truncated"})
-    mask_prompt: bool = field(default=False, metadata={"help": "learn only the assistant's last reply"})
-    steps_per_report: int = field(default=10, metadata={"help": "steps between train loss reports"})
-    steps_per_eval: int = field(default=50, metadata={"help": "steps between validations"})
-    val_batches: int = field(default=25, metadata={"help": "batches per validation; -1 for all"})
-    save_every: int = field(default=100, metadata={"help": "steps between adapter checkpoints"})
-    seed: int = field(default=0, metadata={"help": "seed of LoRA init, dropout and batch order"})
-    grad_checkpoint: bool = field(default=False, metadata={"help": "recompute activations to save memory"})
+        metadata=_help("most examples a rank runs at once (one per rank, or one for all; 0: no limit): "
+                       "a larger share runs as micro-batches, gradients accumulated"))
     stall_timeout: int = field(
         default=30,
-        metadata={"help": "seconds without progress after which a rank stops (a node or link is gone)"},
-    )
-    resume_adapter_file: str | None = field(
-        default=None, metadata={"help": "adapters.safetensors to start a new run from"}
-    )
+        metadata=_help("seconds without progress after which a rank stops (a node or link is gone)"))
     save_rank_weights: bool = field(
-        default=False,
-        metadata={"help": "every rank also writes the weights all ranks hold alike, to compare them"},
-    )
+        default=False, metadata=_help("every rank also writes the weights all ranks hold alike, to compare"))
 
 
 CONFIG_KEYS = tuple(f.name for f in dataclasses.fields(FinetuneConfig))
-_TYPES = typing.get_type_hints(FinetuneConfig)
+PROJECT_KEYS = ("parallel", "batch_shares", "max_micro_batch", "stall_timeout", "save_rank_weights")
+KEY_TYPES = typing.get_type_hints(FinetuneConfig)
+DEFAULTS = FinetuneConfig()
+
+
+# --- reading values --------------------------------------------------------------------------------
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """YAML as mlx-lm reads a config file: `1e-5` (no dot) is a number, as in YAML 1.2."""
+
+
+ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
 
 
 def _shown(value: Any) -> str:
@@ -105,34 +147,127 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else f"{text[:57]}..."
 
 
+def parse_size(text: str) -> int:
+    """A size as mlx-lm's --clear-cache-threshold takes it: 500000, 800M, 2GB (decimal units)."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(|M|G|MB|GB)\s*", text, re.IGNORECASE)
+    if not match:
+        raise ValueError(f"not a size: {text!r} (a number of bytes, or with M, G, MB or GB)")
+    units = {"": 1, "M": 10**6, "G": 10**9, "MB": 10**6, "GB": 10**9}
+    with contextlib.suppress(InvalidOperation):
+        return int(Decimal(match[1]) * units[match[2].upper()])
+    raise ValueError(f"not a size: {text!r}")
+
+
+def _integer(key: str, value: Any, source: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) < LARGEST_INT:
+        return value
+    raise ConfigError(f"{source}: {key} must be an integer of at most 18 digits, got {_shown(value)}")
+
+
+def _number(key: str, value: Any, source: str) -> float:
+    # A string too: PyYAML's safe_load reads 1e-5 (no dot) as one.
+    if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+        with contextlib.suppress(ValueError, OverflowError):
+            number = float(value)
+            if math.isfinite(number):
+                return number
+    raise ConfigError(f"{source}: {key} must be a finite number, got {_shown(value)}")
+
+
+def _mapping(key: str, value: Any, source: str) -> dict[str, Any]:
+    if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
+        return dict(value)
+    raise ConfigError(f"{source}: {key} must be a mapping of names to values, got {_shown(value)}")
+
+
+def _lora_parameters(value: Any, source: str) -> dict[str, Any]:
+    given = _mapping("lora_parameters", value, source)
+    unknown = [k for k in given if k not in (*LORA_PARAMETERS, "keys")]
+    if unknown:
+        raise ConfigError(f"{source}: lora_parameters has no key {unknown[0]!r}; its keys are rank, scale, "
+                          "dropout and keys")
+    out = dict(given)  # what a layer leaves out comes from the layers under it (merge_config)
+    if "rank" in out:
+        out["rank"] = _integer("lora_parameters.rank", out["rank"], source)
+    for inner in ("scale", "dropout"):
+        if inner in out:
+            out[inner] = _number(f"lora_parameters.{inner}", out[inner], source)
+    keys = out.get("keys")
+    if keys is not None and not (isinstance(keys, list) and all(isinstance(k, str) for k in keys)):
+        raise ConfigError(f"{source}: lora_parameters.keys must be a list of layer names such as "
+                          f"self_attn.q_proj, got {_shown(keys)}")
+    return out
+
+
+def _optimizer_config(value: Any, source: str) -> dict[str, Any]:
+    given = _mapping("optimizer_config", {} if value is None else value, source)
+    for name, settings in given.items():
+        if name not in OPTIMIZERS:
+            close = difflib.get_close_matches(name, OPTIMIZERS, n=1)
+            raise ConfigError(f"{source}: optimizer_config has no optimizer {name!r}"
+                              + (f" (did you mean {close[0]!r}?)" if close else "")
+                              + f"; optimizers: {', '.join(OPTIMIZERS)}")
+        given[name] = _mapping(f"optimizer_config.{name}", {} if settings is None else settings, source)
+    return given
+
+
 def _coerce(key: str, value: Any, source: str) -> Any:
     """`value` as the type of `key`, or a ConfigError naming the key and where it came from."""
-    kind = _TYPES[key]
+    kind = KEY_TYPES[key]
+    if key == "lora_parameters":
+        return _lora_parameters(value, source)
+    if key == "optimizer_config":
+        return _optimizer_config(value, source)
+    if key == "lr_schedule":
+        return None if value is None else _mapping(key, value, source)
+    if key == "hf_dataset":
+        if value is None or isinstance(value, Mapping) or (
+                isinstance(value, list) and value and all(isinstance(v, Mapping) for v in value)):
+            return value
+        raise ConfigError(f"{source}: hf_dataset must be a mapping (path, train_split, ...) or a list of "
+                          f"them, got {_shown(value)}")
+    if key == "clear_cache_threshold" and isinstance(value, str):
+        try:
+            return parse_size(value)
+        except ValueError as error:
+            raise ConfigError(f"{source}: clear_cache_threshold: {error}") from None
     if kind is bool:
         if isinstance(value, bool):
             return value
         raise ConfigError(f"{source}: {key} must be true or false, got {value!r}")
     if kind is int:
-        if isinstance(value, int) and not isinstance(value, bool) and abs(value) < LARGEST_INT:
-            return value
-        raise ConfigError(f"{source}: {key} must be an integer of at most 18 digits, got {_shown(value)}")
+        return _integer(key, value, source)
     if kind is float:
-        # PyYAML reads 1e-5 (no dot) as a string.
-        if isinstance(value, (int, float, str)) and not isinstance(value, bool):
-            with contextlib.suppress(ValueError, OverflowError):
-                number = float(value)
-                if math.isfinite(number):
-                    return number
-        raise ConfigError(f"{source}: {key} must be a finite number, got {_shown(value)}")
+        return _number(key, value, source)
     if value is None and kind == (str | None):
         return None
     if kind == (str | None) and isinstance(value, int) and not isinstance(value, bool):
-        if abs(value) >= LARGEST_INT:
-            raise ConfigError(f"{source}: {key} must be an integer of at most 18 digits, got {_shown(value)}")
-        return str(value)  # YAML reads `max_micro_batch: 2` as a number
+        return str(_integer(key, value, source))  # YAML reads `max_micro_batch: 2` as a number
     if isinstance(value, str):
         return value
     raise ConfigError(f"{source}: {key} must be a string, got {_shown(value)}")
+
+
+def _unknown(values: Mapping[str, Any], source: str) -> None:
+    known = (*CONFIG_KEYS, *older_keys.OLDER)
+    unknown = [key for key in values if key not in known]
+    if not unknown:
+        return
+    hints = []
+    for key in unknown:
+        close = difflib.get_close_matches(str(key), known, n=1)
+        hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    raise ConfigError(f"{source}: unknown key {', '.join(hints)}; the keys are mlx-lm's "
+                      f"(mlx_lm lora's config file) and {', '.join(PROJECT_KEYS)}")
+
+
+def _layer(values: Mapping[str, Any], source: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One layer's values under mlx-lm's keys, each of its type; and its older schedule settings."""
+    _unknown(values, source)
+    if problems := older_keys.conflicts(values):
+        raise ConfigError(f"{source}: {problems[0]}")
+    current, older = older_keys.translate(values)
+    return {key: _coerce(key, value, source) for key, value in current.items()}, older
 
 
 def merge_config(
@@ -141,26 +276,36 @@ def merge_config(
     """Defaults, overridden by a config file's values, overridden by command line values.
 
     Unknown keys in the file are an error (a typo would otherwise be ignored silently); a CLI value
-    of None means "not given".
+    of None means "not given". lora_parameters merges key by key over mlx-lm's (a file giving only
+    the rank keeps the default scale and dropout; mlx-lm would fail on the missing keys).
     """
-    unknown = [key for key in file_values if key not in CONFIG_KEYS]
-    if unknown:
-        hints = []
-        for key in unknown:
-            close = difflib.get_close_matches(str(key), CONFIG_KEYS, n=1)
-            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        raise ConfigError(f"{source}: unknown key {', '.join(hints)}; known keys: {', '.join(CONFIG_KEYS)}")
-    values = {key: _coerce(key, value, source) for key, value in file_values.items()}
-    values |= {
-        key: _coerce(key, value, "command line") for key, value in cli_values.items() if value is not None
-    }
+    file_layer, file_older = _layer(file_values, source)
+    cli_layer, cli_older = _layer({k: v for k, v in cli_values.items() if v is not None}, "command line")
+    values = file_layer | cli_layer
+    values["lora_parameters"] = {**LORA_PARAMETERS, **file_layer.get("lora_parameters", {}),
+                                 **cli_layer.get("lora_parameters", {})}
+    older = file_older | cli_older
+    if "lr_schedule" in cli_layer:  # a mapping on the command line wins over an older name in the file
+        older.pop("lr_schedule", None)
+    if older:
+        if older_keys.WARMUP in older:
+            _integer(older_keys.WARMUP, older[older_keys.WARMUP],
+                     "command line" if older_keys.WARMUP in cli_older else source)
+        merged = FinetuneConfig(**values)
+        values["lr_schedule"] = older_keys.schedule(older, merged.lr_schedule, merged.learning_rate,
+                                                    merged.iters)
     return FinetuneConfig(**values)
 
 
+def older_names_said(file_values: Mapping[str, Any], cli_values: Mapping[str, Any]) -> list[str]:
+    """The notes a run prints once for the older key names its settings use."""
+    return older_keys.said([file_values, {k: v for k, v in cli_values.items() if v is not None}])
+
+
 def load_config_file(path: str | Path) -> dict[str, Any]:
-    """The mapping a YAML config file holds (an empty file is an empty mapping)."""
+    """The mapping a YAML config file holds (an empty file is an empty mapping), read as mlx-lm reads it."""
     try:
-        values = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        values = yaml.load(Path(path).read_text(encoding="utf-8"), ConfigLoader)  # a SafeLoader
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
     except UnicodeDecodeError:
@@ -180,32 +325,41 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     return values
 
 
+# --- checking the whole ----------------------------------------------------------------------------
+
+
 def config_problems(config: FinetuneConfig, world_size: int = 1) -> list[str]:
     """Everything wrong with the settings for a run on `world_size` ranks (empty when all is well)."""
+    from training.loop import optimizers  # mlx: only once the values are in
+
     problems = []
-    for key in ("model", "data", "adapter_path"):
+    for key in ("model", "adapter_path"):
         if not getattr(config, key):
             problems.append(f"{key} must not be empty")
-    at_least_one = (
-        "iters",
-        "batch_size",
-        "lora_rank",
-        "steps_per_report",
-        "steps_per_eval",
-        "save_every",
-        "stall_timeout",
-    )
+    if not config.data and not config.hf_dataset:
+        problems.append("data must not be empty (or give hf_dataset)")
+    if not config.train:
+        problems.append("train: false asks for no training, and invoke train trains: drop the key, or set "
+                        "it to true (test: true then also evaluates the test split)")
+    at_least_one = ("iters", "batch_size", "steps_per_report", "steps_per_eval", "save_every",
+                    "stall_timeout", "grad_accumulation_steps")
     for key in at_least_one:
         if getattr(config, key) < 1:
             problems.append(f"{key} must be at least 1, got {getattr(config, key)}")
-    for key in ("num_layers", "val_batches"):
+    for key in ("num_layers", "val_batches", "test_batches"):
         if getattr(config, key) != -1 and getattr(config, key) < 1:
             problems.append(f"{key} must be -1 (all) or at least 1, got {getattr(config, key)}")
-    if config.parallel not in PARALLEL_MODES:
-        problems.append(f"parallel must be one of {', '.join(PARALLEL_MODES)}, got {config.parallel!r}")
-    elif config.parallel == "tensor" and world_size < 2:
-        problems.append("parallel tensor needs at least 2 ranks to shard the model across; one process "
-                        "trains with parallel data")
+    if config.clear_cache_threshold < 0:
+        problems.append(f"clear_cache_threshold must be at least 0, got {config.clear_cache_threshold}")
+    problems += _choice("fine_tune_type", config.fine_tune_type, FINE_TUNE_TYPES)
+    problems += _choice("training_mode", config.training_mode, ("normal",))
+    problems += _choice("optimizer", config.optimizer, OPTIMIZERS)
+    problems += _choice("parallel", config.parallel, PARALLEL_MODES)
+    if config.report_to:  # read as mlx-lm reads it: comma separated, any case
+        for name in (n.strip().lower() for n in config.report_to.split(",") if n.strip()):
+            problems += _choice("report_to", name, REPORTERS)
+    if config.parallel == "tensor":
+        problems += tensor_problems(config, world_size)
     if config.batch_size >= 1:
         try:
             batch_plan(config, world_size)
@@ -213,14 +367,8 @@ def config_problems(config: FinetuneConfig, world_size: int = 1) -> list[str]:
             problems.append(str(error))
     if not config.learning_rate > 0:
         problems.append(f"learning_rate must be positive, got {config.learning_rate}")
-    if not config.lora_scale > 0:
-        problems.append(f"lora_scale must be positive, got {config.lora_scale}")
-    if config.lr_schedule not in LR_SCHEDULES:
-        problems.append(f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {config.lr_schedule!r}")
-    if not 0 <= config.warmup_steps < max(config.iters, 1):
-        problems.append(f"warmup_steps must be at least 0 and less than iters, got {config.warmup_steps}")
-    if not 0 <= config.lora_dropout < 1:
-        problems.append(f"lora_dropout must be in [0, 1), got {config.lora_dropout}")
+    problems += _lora_problems(config.lora_parameters)
+    problems += optimizers.problems(config)
     if config.max_seq_length < 2:
         problems.append(f"max_seq_length must be at least 2, got {config.max_seq_length}")
     if not 0 <= config.seed < 2**32:
@@ -228,9 +376,50 @@ def config_problems(config: FinetuneConfig, world_size: int = 1) -> list[str]:
     return problems
 
 
+def _choice(key: str, value: str, choices: tuple[str, ...]) -> list[str]:
+    if value in choices:
+        return []
+    close = difflib.get_close_matches(value, choices, n=1)
+    return [f"{key} must be one of {', '.join(choices)}, got {value!r}"
+            + (f" (did you mean {close[0]!r}?)" if close else "")]
+
+
+def _lora_problems(lora: Mapping[str, Any]) -> list[str]:
+    problems = []
+    if lora["rank"] < 1:
+        problems.append(f"lora_parameters.rank must be at least 1, got {lora['rank']}")
+    if not lora["scale"] > 0:
+        problems.append(f"lora_parameters.scale must be positive, got {lora['scale']}")
+    if not 0 <= lora["dropout"] < 1:
+        problems.append(f"lora_parameters.dropout must be in [0, 1), got {lora['dropout']}")
+    return problems
+
+
+# Optimizers whose update of a matrix depends on the whole matrix at once, which no rank holds
+# in tensor parallelism: Muon orthogonalizes it (Newton-Schulz), Adafactor factors its second
+# moments into row and column means and scales by its RMS.
+WHOLE_MATRIX_OPTIMIZERS = ("muon", "adafactor")
+
+
+def tensor_problems(config: FinetuneConfig, world_size: int) -> list[str]:
+    """What tensor parallelism cannot do exactly, said with the reason (and what to do instead)."""
+    problems = []
+    if world_size < 2:
+        problems.append("parallel tensor needs at least 2 ranks to shard the model across; one process "
+                        "trains with parallel data")
+    if config.fine_tune_type != "lora":
+        problems.append(f"fine_tune_type {config.fine_tune_type} with parallel tensor: sharded layers "
+                        "train LoRA only so far; use parallel data (every rank holds the whole model)")
+    if config.optimizer in WHOLE_MATRIX_OPTIMIZERS:
+        problems.append(f"optimizer {config.optimizer} with parallel tensor: its update of a matrix needs "
+                        "the whole matrix, and each rank holds a shard; use adam, adamw or sgd, or "
+                        "parallel data")
+    return problems
+
+
 @dataclass(frozen=True)
 class BatchPlan:
-    """How each global batch is cut: examples per rank, and micro-batches per rank and step."""
+    """How each global batch is cut: examples per rank, and micro-batches per rank and iteration."""
 
     shares: list[int]
     limits: list[int]  # max_micro_batch per rank; 0: none
@@ -271,106 +460,23 @@ def validate_config(config: FinetuneConfig, world_size: int = 1) -> None:
                                                   else "\n  " + "\n  ".join(problems)))
 
 
-def lr_schedule_config(config: FinetuneConfig) -> dict[str, Any] | None:
-    """mlx-lm's `lr_schedule` (for `build_schedule` and adapter_config.json); None: a constant rate."""
-    lr = config.learning_rate
-    if config.lr_schedule == "cosine":
-        # From the peak after warmup down towards 0 at the last step.
-        schedule: dict[str, Any] = {
-            "name": "cosine_decay",
-            "arguments": [lr, max(config.iters - config.warmup_steps, 1), 0.0],
-        }
-    elif config.warmup_steps:
-        schedule = {"name": "linear_schedule", "arguments": [lr, lr, 1]}  # constant after warmup
-    else:
-        return None
-    if config.warmup_steps:
-        schedule |= {"warmup": config.warmup_steps, "warmup_init": 0.0}
-    return schedule
-
-
-def mlx_lm_args(config: FinetuneConfig) -> dict[str, Any]:
-    """The settings under `mlx_lm.lora`'s names, as it writes adapter_config.json.
-
-    `mlx_lm.load(..., adapter_path=...)`, `mlx_lm.generate --adapter-path` and `mlx_lm.fuse` read
-    fine_tune_type, num_layers and lora_parameters from it.
-    """
-    return {
-        "model": config.model,
-        "data": config.data,
-        "fine_tune_type": "lora",
-        "optimizer": "adam",
-        "num_layers": config.num_layers,
-        "lora_parameters": {
-            "rank": config.lora_rank,
-            "scale": config.lora_scale,
-            "dropout": config.lora_dropout,
-        },
-        "batch_size": config.batch_size,
-        "iters": config.iters,
-        "learning_rate": config.learning_rate,
-        "lr_schedule": lr_schedule_config(config),
-        "val_batches": config.val_batches,
-        "steps_per_report": config.steps_per_report,
-        "steps_per_eval": config.steps_per_eval,
-        "save_every": config.save_every,
-        "max_seq_length": config.max_seq_length,
-        "mask_prompt": config.mask_prompt,
-        "grad_checkpoint": config.grad_checkpoint,
-        "resume_adapter_file": config.resume_adapter_file,
-        "adapter_path": config.adapter_path,
-        "seed": config.seed,
-    }
+def adapter_config(config: FinetuneConfig) -> dict[str, Any]:
+    """adapter_config.json as `mlx_lm lora` writes it (every setting, by mlx-lm's name), which
+    `mlx_lm.load(..., adapter_path=...)`, `mlx_lm generate --adapter-path` and `mlx_lm fuse` read:
+    fine_tune_type, num_layers and lora_parameters (None for full fine-tuning, as mlx-lm sets it)."""
+    values = dataclasses.asdict(config)
+    if config.fine_tune_type == "full":
+        values["lora_parameters"] = None
+    return values
 
 
 def check_inputs(config: FinetuneConfig) -> None:
     """Files the run reads, checked before the model loads."""
-    data = Path(config.data)
-    if not (data / "train.jsonl").is_file():
-        raise ConfigError(f"data: {data} has no train.jsonl (python -m training.data.prepare writes one)")
+    if not config.hf_dataset:
+        data = Path(config.data)
+        if not (data / "train.jsonl").is_file():
+            raise ConfigError(f"data: {data} has no train.jsonl (python -m training.data.prepare writes one)")
+        if config.test and not (data / "test.jsonl").is_file():
+            raise ConfigError(f"data: test: true, and {data} has no test.jsonl to evaluate on")
     if config.resume_adapter_file and not Path(config.resume_adapter_file).is_file():
         raise ConfigError(f"resume_adapter_file: {config.resume_adapter_file} does not exist")
-
-
-def _positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, not {text!r}")
-    return int(text)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m training.finetune",
-        description="LoRA fine-tuning with mlx-lm, on one process or every rank of mpirun / mlx.launch. "
-        "Settings: defaults < --config FILE < flags.",
-    )
-    parser.add_argument(
-        "--config", help=f"YAML settings file (every key documented in {DEFAULT_CONFIG.name})"
-    )
-    parser.add_argument(
-        "--expected-world-size",
-        type=_positive_int,
-        help="ranks the launcher starts (the hostfile's total slots): any other number stops every rank",
-    )
-    parser.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue the run in --adapter-path from its latest checkpoint: adapters, optimizer state, "
-        "step, learning rate schedule and batch order (settings must match the run's config.yaml)",
-    )
-    defaults = FinetuneConfig()
-    for f in dataclasses.fields(FinetuneConfig):
-        kind = _TYPES[f.name]
-        help_text = f"{f.metadata['help']} (default: {getattr(defaults, f.name)})"
-        flag = "--" + f.name.replace("_", "-")
-        if kind is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
-        else:
-            parser.add_argument(
-                flag, type=kind if kind in (int, float) else str, default=None, help=help_text
-            )
-    return parser
-
-
-def cli_values(args: argparse.Namespace) -> dict[str, Any]:
-    return {key: getattr(args, key) for key in CONFIG_KEYS if getattr(args, key) is not None}

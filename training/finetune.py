@@ -1,12 +1,15 @@
-"""LoRA fine-tuning on every rank of the cluster, built on mlx-lm's trainer: the story of a run.
+"""Fine-tuning on every rank of the cluster, as `mlx_lm lora` does it, built on mlx-lm's trainer.
 
     python -m training.finetune [--config training/configs/lora.yaml] [--iters 200 ...]
     mpirun --hostfile HOSTFILE -np N python -m training.finetune --config FILE --expected-world-size N
     mlx.launch --backend ring --hostfile hosts.json -- python -m training.finetune --config FILE
 
-Every rank runs this same command. Settings come from the defaults, overridden by the YAML file
-given with `--config` (`training/configs/lora.yaml` documents every key), overridden by the
-command line flags (one per key: `--batch-size 8`, `--grad-checkpoint` / `--no-grad-checkpoint`).
+Every rank runs this same command. Settings come from mlx-lm's defaults, overridden by the YAML file
+given with `--config` (any `mlx_lm lora` config file; `training/configs/lora.yaml` documents every
+key), overridden by the command line flags (mlx_lm lora's, one per key: `--batch-size 8`,
+`--grad-checkpoint` / `--no-grad-checkpoint`). What mlx-lm trains, this trains: `fine_tune_type`
+lora, dora or full, with any of its optimizers (`optimizer`, `optimizer_config`), `lr_schedule`,
+`grad_accumulation_steps`, the test split (`test`), `report_to`, and its data formats.
 
 mlx-lm's trainer already does the data parallelism, so this module does not redo it: each rank gets
 its share of each global batch (`batch_size` is the GLOBAL batch; it is split into whole examples,
@@ -24,19 +27,21 @@ A run, and the module that does each part:
    check that the ranks MLX joined are as many as expected (`--expected-world-size`, or the size
    the launcher announces), instead of N processes each silently training alone
    (`training/distributed.py`);
-3. load the model, add the LoRA layers with the same seeds on every rank (the LoRA init and
-   dropout), load the data; a batch order that depends on the seed alone (`training/data/batches.py`),
-   the same on every rank and after a resume;
+3. load the model, add the LoRA or DoRA layers (or unfreeze the layers, full) with the same seeds on
+   every rank (the LoRA init and dropout), load the data as mlx-lm does; a batch order that depends
+   on the seed alone (`training/data/batches.py`), the same on every rank and after a resume;
 4. train with mlx-lm's loop: on rank 0 a progress bar, or plain lines when stdout is not a
    terminal, as under mpirun (`training/loop/progress.py`), and `metrics.jsonl` (`training/loop/metrics.py`);
 5. summarize on rank 0: `summary.json` and `loss.png` (`training/loop/report.py`), next to the adapters,
    `config.yaml` (the resolved settings: `--config` it to run again) and `adapter_config.json` as
-   mlx-lm writes it.
+   mlx-lm writes it, so that `mlx_lm generate --adapter-path` and `mlx_lm fuse` take the folder;
+   with `test: true`, the test split's loss and perplexity (`summary.json`).
 
-Every `save_every` steps rank 0 writes a checkpoint (`training/loop/checkpoint.py`: adapters, optimizer
-state, step, RNG key, written aside and renamed into place). `--resume` continues the run in
-`adapter_path` from its latest checkpoint (`training/loop/resume.py`): the same adapters, Adam moments,
-step counter, learning rate schedule position and batch order, so an interrupted and resumed run
+Every `save_every` steps (at an update: a multiple of grad_accumulation_steps) rank 0 writes a
+checkpoint (`training/loop/checkpoint.py`: the trained weights, the optimizer's state whatever the
+optimizer, step, RNG key, written aside and renamed into place). `--resume` continues the run in
+`adapter_path` from its latest checkpoint (`training/loop/resume.py`): the same weights, optimizer
+state, step counter, learning rate schedule position and batch order, so an interrupted and resumed run
 ends with the adapters of an uninterrupted one. `resume_adapter_file` instead starts a new run from
 saved adapter weights alone, with a fresh optimizer, as mlx-lm does.
 
@@ -48,6 +53,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sys
 import time
@@ -65,22 +71,22 @@ import yaml
 from mlx.utils import tree_flatten
 from mlx_lm import load
 from mlx_lm.tuner import trainer
-from mlx_lm.tuner.datasets import CacheDataset, load_local_dataset
-from mlx_lm.tuner.utils import build_schedule, linear_to_lora_layers, print_trainable_parameters
+from mlx_lm.tuner.datasets import CacheDataset
+from mlx_lm.tuner.datasets import load_dataset as mlx_lm_load_dataset
+from mlx_lm.tuner.utils import linear_to_lora_layers, print_trainable_parameters
 from mlx_lm.utils import save_config
 from rich.console import Console
 
+from training.command_line import build_parser, cli_values
 from training.config import (
     ConfigError,
     FinetuneConfig,
+    adapter_config,
     batch_plan,
-    build_parser,
     check_inputs,
-    cli_values,
     load_config_file,
-    lr_schedule_config,
     merge_config,
-    mlx_lm_args,
+    older_names_said,
     validate_config,
 )
 from training.data.batches import SharedBatches, summed_loss_with
@@ -92,9 +98,10 @@ from training.distributed import (
     rank_prefix,
     wait_for_every_rank,
 )
-from training.loop import checkpoint, report
+from training.loop import checkpoint, optimizers, report
 from training.loop.metrics import MetricsCallback, ResumePoint
 from training.loop.progress import ProgressDisplay, done_line
+from training.loop.reporting import finish_reporting, missing_packages_problem, reporting_callback
 from training.loop.resume import Checkpointer, resume_from, resume_point
 from training.loop.watchdog import StallWatchdog
 from training.sharding import tensor_parallel
@@ -115,55 +122,72 @@ OUTPUT_FILES = (
 
 @dataclass(frozen=True)
 class Loaded:
-    """What this rank trains: the model with its LoRA layers, and the data."""
+    """What this rank trains: the model with its trainable layers, and the data."""
 
     model: nn.Module
     train_set: Any
     valid: CacheDataset | None  # None: the data has no validation examples
+    test: Any  # the test split (empty unless config.test)
     seconds: float  # how long loading took
-    layout: tensor_parallel.Layout  # how the LoRA parameters lie across the ranks
+    layout: tensor_parallel.Layout  # how the trainable parameters lie across the ranks
 
 
-def load_data(config: FinetuneConfig, tokenizer: Any) -> tuple[Any, Any]:
-    """The train and valid sets (valid possibly empty), sized for the global batch."""
-    train_set, valid_set, _ = load_local_dataset(
-        Path(config.data), tokenizer, types.SimpleNamespace(mask_prompt=config.mask_prompt)
-    )
+def load_data(config: FinetuneConfig, tokenizer: Any) -> tuple[Any, Any, Any]:
+    """The train, valid and test sets, read as mlx_lm lora reads them (a data folder in any of its
+    formats, or hf_dataset), each that is used sized for the global batch."""
+    settings = types.SimpleNamespace(**asdict(config))  # a copy: mlx-lm writes into hf_dataset's mappings
+    try:
+        train_set, valid_set, test_set = mlx_lm_load_dataset(settings, tokenizer)
+    except ValueError as error:  # mlx-lm's words for a data set it cannot take
+        raise ConfigError(f"data: {' '.join(str(error).split())}") from None
     # mlx-lm's batching needs a whole global batch of each set.
-    for name, dataset in (("train", train_set), ("valid", valid_set)):
-        if 0 < len(dataset) < config.batch_size or (name == "train" and not dataset):
+    for name, dataset in (("train", train_set), ("valid", valid_set), ("test", test_set)):
+        if 0 < len(dataset) < config.batch_size:
             raise ConfigError(
-                f"data: {name}.jsonl has {len(dataset)} examples, fewer than batch_size {config.batch_size}"
+                f"data: the {name} split has {len(dataset)} examples, fewer than batch_size "
+                f"{config.batch_size}"
             )
-    return train_set, valid_set
+    return train_set, valid_set, test_set
+
+
+def add_trainable_layers(model: nn.Module, config: FinetuneConfig) -> None:
+    """What fine_tune_type trains, as mlx_lm lora sets it up on a frozen model: LoRA or DoRA layers
+    on the last num_layers layers, or those layers' own weights (full)."""
+    if config.fine_tune_type == "full":
+        for layer in model.layers[-max(config.num_layers, 0):]:
+            layer.unfreeze()
+    else:
+        linear_to_lora_layers(model, config.num_layers, config.lora_parameters,
+                              use_dora=config.fine_tune_type == "dora")
 
 
 def load_model_and_data(config: FinetuneConfig, group: Any) -> Loaded:
-    """The model with LoRA layers (from resume_adapter_file's weights if given), and the data.
-    In tensor parallelism, this rank's shard of the model (training/sharding/tensor_parallel.py)."""
+    """The model with its trainable layers (from resume_adapter_file's weights if given), and the
+    data. In tensor parallelism, this rank's shard of the model (training/sharding/tensor_parallel.py)."""
     started = time.monotonic()
-    lora_parameters = mlx_lm_args(config)["lora_parameters"]
     # Same seeds on every rank, after the model is built: the LoRA matrices start equal everywhere
     # (mlx), and equal to one process's in tensor parallelism. The batch order has its own RNG from
     # the same seed (training/data/batches.py); numpy's global one is seeded for anything else.
     if config.parallel == "tensor":
-        model, tokenizer = tensor_parallel.load(config.model, group, config.num_layers, lora_parameters,
-                                                seed=config.seed)
+        model, tokenizer = tensor_parallel.load(config.model, group, config.num_layers,
+                                                config.lora_parameters, seed=config.seed)
     else:
-        model, tokenizer = load(config.model)
+        trusted = config.trust_remote_code
+        model, tokenizer = load(config.model, tokenizer_config={"trust_remote_code": trusted},
+                                trust_remote_code=trusted)
         tensor_parallel.check_num_layers(model, config.num_layers)
         mx.random.seed(config.seed)
         model.freeze()
-        linear_to_lora_layers(model, config.num_layers, lora_parameters)
+        add_trainable_layers(model, config)
     np.random.seed(config.seed)
-    train_set, valid_set = load_data(config, tokenizer)
+    train_set, valid_set, test_set = load_data(config, tokenizer)
     # Tokenized once, on first use, for the training loop and the last validation alike.
-    valid = CacheDataset(valid_set) if valid_set else None
+    valid = CacheDataset(valid_set) if len(valid_set) else None
     layout = tensor_parallel.Layout.of(config.parallel, group, model)
     if config.resume_adapter_file:
         resume_from(model, config.resume_adapter_file, layout)
     print_trainable_parameters(model)
-    return Loaded(model, train_set, valid, time.monotonic() - started, layout)
+    return Loaded(model, train_set, valid, test_set, time.monotonic() - started, layout)
 
 
 def write_settings(config: FinetuneConfig, validates: bool) -> None:
@@ -171,14 +195,9 @@ def write_settings(config: FinetuneConfig, validates: bool) -> None:
     out = Path(config.adapter_path)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(asdict(config), sort_keys=False))
-    save_config(mlx_lm_args(config), out / "adapter_config.json")
+    save_config(adapter_config(config), out / "adapter_config.json")
     if not validates:
         print(f"warning: {config.data} has no valid.jsonl examples: training without validation", flush=True)
-
-
-def make_optimizer(config: FinetuneConfig) -> optim.Optimizer:
-    schedule = lr_schedule_config(config)
-    return optim.Adam(learning_rate=build_schedule(schedule) if schedule else config.learning_rate)
 
 
 # --- train -----------------------------------------------------------------------------------------
@@ -212,13 +231,14 @@ def watchdog_for(config: FinetuneConfig, group: Any, display: ProgressDisplay) -
 def training_args(
     config: FinetuneConfig, first_step: int, adapter_file: Path, micro: int = 1
 ) -> trainer.TrainingArgs:
-    """mlx-lm's arguments. With `micro` micro-batches per step, mlx-lm counts micro-batches: its
+    """mlx-lm's arguments. With `micro` micro-batches per batch, mlx-lm counts micro-batches: its
     iterations, reports, validations and validation batches are `micro` times ours, and it
-    accumulates `micro` gradients per update (MicroSteps turns its counts back into steps)."""
+    accumulates `micro` gradients per batch, times grad_accumulation_steps batches per update
+    (MicroSteps turns its counts back into iterations)."""
     return trainer.TrainingArgs(
         batch_size=config.batch_size,
         iters=(config.iters - first_step) * micro,
-        val_batches=config.val_batches * micro if config.val_batches > 0 else config.val_batches,
+        val_batches=_batches(config.val_batches, micro),
         steps_per_report=config.steps_per_report * micro,
         steps_per_eval=config.steps_per_eval * micro,
         # The trainer's own saves are off: checkpoints are the Checkpointer's.
@@ -226,14 +246,20 @@ def training_args(
         max_seq_length=config.max_seq_length,
         adapter_file=str(adapter_file),
         grad_checkpoint=config.grad_checkpoint,
-        grad_accumulation_steps=micro,
+        grad_accumulation_steps=config.grad_accumulation_steps * micro,
+        clear_cache_threshold=config.clear_cache_threshold,
     )
+
+
+def _batches(count: int, micro: int) -> int:
+    """A number of batches (-1: all) in the trainer's micro-batches."""
+    return count * micro if count > 0 else count
 
 
 class MicroSteps(trainer.TrainingCallback):
     """The callback mlx-lm reports to when it counts micro-batches: its reports, in steps."""
 
-    def __init__(self, callback: MetricsCallback, micro: int):
+    def __init__(self, callback: trainer.TrainingCallback, micro: int):
         self.callback, self.micro = callback, micro
 
     def on_train_loss_report(self, info: dict[str, Any]) -> None:
@@ -272,12 +298,12 @@ def train(
     group: Any,
     loaded: Loaded,
     optimizer: optim.Optimizer,
-    callback: MetricsCallback,
+    callback: trainer.TrainingCallback,
     display: ProgressDisplay,
     first_step: int,
-) -> int:
-    """mlx-lm's training loop from `first_step` to `iters`, then a validation of the final adapters;
-    the tokens this rank trained on."""
+) -> Trained:
+    """mlx-lm's training loop from `first_step` to `iters`, then a validation of the final weights
+    and (test: true) the test split's loss."""
     out = Path(config.adapter_path)
     # The trainer's final save goes to a partial file that is renamed once complete.
     final_partial = out / ".adapters.partial.safetensors"
@@ -302,25 +328,41 @@ def train(
             training_callback=MicroSteps(callback, cut.micro_batches) if cut.micro_batches > 1 else callback,
         )
     _keep_final_adapters(loaded, group, final_partial)
-    # mlx-lm's last validation runs before the last step: validate the adapters it saved.
-    if loaded.valid is None:
-        return batches.trained_tokens
-    tic = time.perf_counter()
-    val_loss = trainer.evaluate(
+    # mlx-lm's last validation runs before the last step: validate the weights it saved.
+    if loaded.valid is not None:
+        tic = time.perf_counter()
+        val_loss = _evaluate(loaded, loaded.valid, config, args.val_batches, batches, display)
+        # The callback counts the trainer's iterations, which start at the resumed step.
+        callback.on_val_loss_report({"iteration": config.iters - first_step, "val_loss": val_loss,
+                                     "val_time": time.perf_counter() - tic})
+    test_loss = None
+    if config.test:
+        test_loss = _evaluate(loaded, CacheDataset(loaded.test), config,
+                              _batches(config.test_batches, cut.micro_batches), batches, display)
+        display.print(f"Test loss {test_loss:.3f}, Test ppl {math.exp(test_loss):.3f}.")
+    return Trained(batches.trained_tokens, test_loss)
+
+
+@dataclass(frozen=True)
+class Trained:
+    tokens: int  # the target tokens this rank trained on
+    test_loss: float | None  # the test split's loss (test: true)
+
+
+def _evaluate(loaded: Loaded, dataset: Any, config: FinetuneConfig, num_batches: int,
+              batches: SharedBatches, display: ProgressDisplay) -> float:
+    """mlx-lm's evaluate of the trained weights on `dataset`, over this run's ranks and batches."""
+    return trainer.evaluate(
         loaded.model,
-        loaded.valid,
+        dataset,
         config.batch_size,
-        args.val_batches,
+        num_batches,
         max_seq_length=config.max_seq_length,
-        loss=loss,
+        loss=summed_loss_with(loaded.layout.cross_entropy, counted=loaded.layout.counts_tokens),
         iterate_batches=batches,
+        clear_cache_threshold=config.clear_cache_threshold,
         progress_callback=display.progressed,
     )
-    # The callback counts the trainer's iterations, which start at the resumed step.
-    callback.on_val_loss_report(
-        {"iteration": config.iters - first_step, "val_loss": val_loss, "val_time": time.perf_counter() - tic}
-    )
-    return batches.trained_tokens
 
 
 # --- summarize -------------------------------------------------------------------------------------
@@ -333,6 +375,7 @@ def write_summary(
     model_load: float,
     checks: RankChecks,
     resumed: ResumePoint | None,
+    test_loss: float | None = None,
 ) -> dict[str, Any]:
     """Rank 0, at the end: summary.json and (where matplotlib is) loss.png; the summary."""
     out = Path(config.adapter_path)
@@ -345,6 +388,11 @@ def write_summary(
         records, model_load, checks.gradient_sync_seconds, steps=config.iters - first_step
     )
     summary["parallel"] = config.parallel
+    summary["fine_tune_type"] = config.fine_tune_type
+    summary["optimizer"] = config.optimizer
+    if test_loss is not None:  # as mlx_lm lora --test reports it
+        summary["test_loss"] = test_loss
+        summary["test_ppl"] = math.exp(test_loss)
     summary["peak_memory_gb_per_rank"] = checks.peak_memory_gb
     cut = batch_plan(config, len(checks.rank_tokens))
     # In tensor parallelism the ranks compute the batch together, as one data rank.
@@ -389,7 +437,7 @@ def run(
     loaded = load_model_and_data(config, group)
     if rank0:
         write_settings(config, validates=loaded.valid is not None)
-    optimizer = make_optimizer(config)
+    optimizer = optimizers.make(config)
     data_digest = checkpoint.file_digest(Path(config.data) / "train.jsonl") if rank0 else ""
     resumed = resume_point(config, loaded.layout, loaded.model, optimizer, data_digest) if resume else None
     first_step = resumed.step if resumed else 0
@@ -401,24 +449,29 @@ def run(
         first_iteration=first_step,
         micro_batches=batch_plan(config, group.size()).micro_batches,
     )
-    callback = MetricsCallback(group, out / "metrics.jsonl", display, resumed=resumed)
+    metrics = MetricsCallback(group, out / "metrics.jsonl", display, resumed=resumed)
     checkpointer = Checkpointer(
-        config, loaded.layout, loaded.model, optimizer, callback, display, first_step, data_digest
+        config, loaded.layout, loaded.model, optimizer, metrics, display, first_step, data_digest
     )
-    callback.report_hooks.append(checkpointer.after_report)
+    metrics.report_hooks.append(checkpointer.after_report)
+    # report_to: rank 0 also sends what metrics.jsonl records to wandb / swanlab.
+    callback = reporting_callback(config.report_to, config.project_name, out, asdict(config), group.rank(),
+                                  metrics)
     watchdog = watchdog_for(config, group, display)
     watchdog.start()
     try:
-        trained_tokens = train(config, group, loaded, optimizer, callback, display, first_step)
-        checks = check_ranks(loaded.model, group, trained_tokens, loaded.layout)
+        trained = train(config, group, loaded, optimizer, callback, display, first_step)
+        checks = check_ranks(loaded.model, group, trained.tokens, loaded.layout)
     finally:
         watchdog.stop()
+        finish_reporting(callback)
     if config.save_rank_weights:
         write_rank_weights(out, group, loaded.layout.replicated(loaded.model))
     if not rank0:
         return None
     wall_time = time.monotonic() - started
-    summary = write_summary(config, callback.records, wall_time, loaded.seconds, checks, resumed)
+    summary = write_summary(config, metrics.records, wall_time, loaded.seconds, checks, resumed,
+                            trained.test_loss)
     display.print(done_line(summary, out))
     return summary
 
@@ -435,8 +488,13 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         config = merge_config(file_values, cli_values(args), source=args.config or "defaults")
         group = init_distributed(environ, args.expected_world_size)
         prefix = rank_prefix(group)
+        if group.rank() == 0:
+            for note in older_names_said(file_values, cli_values(args)):
+                print(f"note: {note}", flush=True)
         validate_config(config, group.size())
         check_inputs(config)
+        if problem := missing_packages_problem(config.report_to):
+            raise ConfigError(problem)
         if config.parallel == "tensor":
             tensor_parallel.check_collectives(group, environ)
         run(config, group, resume=args.resume)

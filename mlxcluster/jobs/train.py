@@ -26,7 +26,7 @@ from mlxcluster.jobs import flags
 from mlxcluster.launch import batch_shares, builder, parallel, relay, runs, shipment, sync
 from mlxcluster.launch import settings as run_settings
 from mlxcluster.paths import REPO, RUNS
-from mlxcluster.provision import inputs, preview
+from mlxcluster.provision import inputs, model_store, preview
 from training.config import FinetuneConfig
 from training.model.folder import SMOLLM2_SHAPE
 from training.model.manifest import manifest_sha256
@@ -55,6 +55,10 @@ class Request:
     parallel: str = "data"  # or tensor, as the config and flags say (mlxcluster/launch/parallel.py)
     # Defaults a dry run has not made yet ("data", "model"): their files are shown, not checked.
     pending: frozenset[str] = frozenset()
+    # A model not fetched yet: what it was given as (None: the demo's SmolLM2), and its config.json
+    # as far as the controller knows it (for how it shards).
+    model_source: str | None = None
+    pending_shape: Mapping[str, Any] | None = field(default_factory=lambda: SMOLLM2_SHAPE)
     interactive: bool = field(default_factory=lambda: sys.stdin.isatty() and sys.stdout.isatty())
 
 
@@ -113,7 +117,7 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
         steps.append(restore)
     # A dry run before the default model is fetched still knows how it shards (its pinned shape).
     parallel.check(cluster, request.model, request.parallel,
-                   SMOLLM2_SHAPE if "model" in request.pending else None)
+                   request.pending_shape if "model" in request.pending else None)
     overrides = run_settings.user_flags(request.overrides)
     shared = batch_shares.for_run(cluster, request.config, overrides, request.calibration)
     # The shares go before the user's flags: a --batch-shares of theirs wins.
@@ -184,7 +188,7 @@ def pending_notes(request: Request) -> list[str]:
         notes.append(f"the data: the bundled pirate demo, prepared into {request.data} on first use")
     if "model" in request.pending:
         notes.append(f"{MODEL_FILES}: the files the manifest of {request.model} lists, once a run has "
-                     "fetched it (SmolLM2-135M)")
+                     f"fetched it ({request.model_source or 'SmolLM2-135M'})")
     return notes
 
 
@@ -327,12 +331,21 @@ def _resumed(options: Options) -> tuple[str | None, Options]:
 
 def request_for(rec: Recorded, options: Options, *, fetch: bool) -> Request:
     config = shipment.config_file(Path(options.config)).resolve() if options.config else None
-    installed = inputs.installed_model(rec.cluster, options.model)
-    model_given = installed["controller_path"] if installed else options.model
-    data, model = inputs.resolve(rec.cluster, options.data, model_given, fetch=fetch, check=False)
-    # A default a dry run did not make: the plan shows the files it will have.
-    pending = frozenset(name for name, given, path in (("data", options.data, data),
-                                                       ("model", model_given, model))
+    # A config's model and data are the run's, as in mlx_lm lora, unless --model / --data say otherwise.
+    from_file = run_settings.paths_in(config)
+    model_arg, data_arg = options.model or from_file.get("model"), options.data or from_file.get("data")
+    installed = inputs.installed_model(rec.cluster, model_arg)
+    model_given, fetched_from, shape = model_arg, None, SMOLLM2_SHAPE
+    if installed:
+        model_given = installed["controller_path"]
+    elif model_arg:
+        found = model_store.for_run(model_arg, linux_trains=inputs.cluster_dtype(rec.cluster) == "float32",
+                                    fetch=fetch)
+        model_given, fetched_from = str(found.path), found.fetched_from
+        shape = model_store.shape_of(model_arg) if found.pending else None
+    data, model = inputs.resolve(rec.cluster, data_arg, model_given, fetch=fetch, check=False)
+    # A default a dry run did not make, or a model it did not fetch: the plan shows its files to be.
+    pending = frozenset(name for name, given, path in (("data", data_arg, data), ("model", None, model))
                         if not given and not path.exists())
     # plan() refuses flags of the user's that name the run's own folders.
     overrides = run_settings.split_extra(options.extra)
@@ -345,7 +358,8 @@ def request_for(rec: Recorded, options: Options, *, fetch: bool) -> Request:
     return Request(data, model, config, overrides, options.backend, flags.interface(options.interface),
                    options.btl_tcp_links, options.threads, installed["path"] if installed else None,
                    mlx_envs=rec.mlx_envs, calibration=calibration_for(rec, model, settings),
-                   parallel=settings.parallel, pending=pending)
+                   parallel=settings.parallel, pending=pending, model_source=fetched_from,
+                   pending_shape=shape)
 
 
 def calibration_for(rec: Recorded, model: Path, settings: FinetuneConfig) -> Mapping[str, Any] | None:
@@ -366,7 +380,8 @@ def train(inventory: str, options: Options) -> Path | None:
     the_plan = plan(rec.cluster, request, run_id=resume_run or runs.new_id(),
                     resume=resume_run is not None, inventory=rec.inventory)
     if options.dry_run:
-        show(the_plan, [*notes, *pending_notes(request)])
+        older = [f"note: {note}" for note in run_settings.older_names(request.config, request.overrides)]
+        show(the_plan, [*notes, *pending_notes(request), *older])
         return None
     doctor.preflight(rec.cluster, inputs.model_bytes(request.model))
     return execute(the_plan)

@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import NoReturn
 
 from mlxcluster.errors import UserError
+from training.command_line import build_parser, cli_values
 from training.config import (
     DEFAULT_CONFIG,
     ConfigError,
     FinetuneConfig,
-    build_parser,
-    cli_values,
     load_config_file,
     merge_config,
+    older_names_said,
     validate_config,
 )
 
@@ -89,6 +89,29 @@ def user_flags(flags: Sequence[str]) -> list[str]:
         if getattr(parsed, key, None) not in (None, False):
             raise SettingsError(f"--{key.replace('_', '-')} cannot be given to a run: {why}")
     return list(flags)
+
+
+def paths_in(config: Path | None) -> dict[str, str]:
+    """The model and data a user's config file names (mlx-lm's `model:` and `data:`), if it does."""
+    if config is None:
+        return {}
+    try:
+        values = load_config_file(config)
+    except ConfigError as error:
+        raise SettingsError(str(error)) from None
+    found = {}
+    for key in ("model", "data"):
+        value = values.get(key)
+        if value is not None and not isinstance(value, str):
+            raise SettingsError(f"{config}: {key} must be a folder or a Hugging Face id, got {value!r}")
+        if value:
+            found[key] = value
+    return found
+
+
+def older_names(config: Path | None, flags: Sequence[str]) -> list[str]:
+    """The notes rank 0 prints once for this project's older key names the settings use."""
+    return older_names_said(load_config_file(config or DEFAULT_CONFIG), cli_values(parse_flags(flags)))
 
 
 def read(config: Path | None, flags: Sequence[str]) -> FinetuneConfig:

@@ -14,10 +14,11 @@ import contextlib
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlxcluster.errors import UserError
+from mlxcluster.errors import UserError, shown
 from mlxcluster.paths import MODELS, PLAIN_NAME, REPO
 from mlxcluster.provision import inputs
 from training.model.manifest import MANIFEST, manifest_sha256, model_files, read_manifest
@@ -70,7 +71,7 @@ def is_cached(copy: Path, source: str, dtype: str, dequantize: bool) -> bool:
 
 
 def ensure(source: str, dtype: str = "auto", *, linux_trains: bool, into: Path = MODELS,
-           check: bool = False) -> dict[str, Any]:
+           check: bool = False, what: str | None = None) -> dict[str, Any]:
     """The model in the controller's cache, fetched when it is not there (not with `check`)."""
     source = normalized_source(source)
     dtype, dequantize = policy(dtype, linux_trains)
@@ -84,11 +85,58 @@ def ensure(source: str, dtype: str = "auto", *, linux_trains: bool, into: Path =
             with contextlib.redirect_stdout(sys.stderr):  # stdout is the JSON answer
                 fetch(source, copy, dtype, dequantize=dequantize)
         except FetchError as e:
-            raise UserError(f"cluster_model {source!r}: {e}") from None
+            raise UserError(f"{what or f'cluster_model {source!r}'}: {e}") from None
     present = copy.is_dir()
     return {"changed": changed, "path": str(copy), "name": copy.name, "source": source,
             "dtype": dtype, "manifest_sha256": manifest_sha256(copy) if present else None,
             "bytes": sum(p.stat().st_size for p in model_files(copy)) if present else 0}
+
+
+@dataclass(frozen=True)
+class RunModel:
+    """The model folder a run ships, and how it got there."""
+
+    path: Path
+    fetched_from: str | None = None  # a model as mlx-lm takes it, fetched (or to be) into `path`
+    pending: bool = False  # a dry run: not fetched yet
+
+
+def for_run(given: str, *, linux_trains: bool, fetch: bool = True, into: Path = MODELS) -> RunModel:
+    """The model folder for invoke train's `--model` (or the config's `model:`), as mlx-lm takes it:
+    a folder invoke model.fetch made (it has a manifest) as it is; a stock mlx-lm folder or a
+    Hugging Face id fetched once into the cache, as provisioning fetches `cluster_model` (a checked
+    copy with a manifest, in the nodes' dtype), and that copy reused while its source is unchanged."""
+    if (Path(given) / MANIFEST).is_file():
+        return RunModel(Path(given))
+    from training.model.folder import looks_like_repo_id, missing_files  # mlx: only here
+
+    if Path(given).is_dir():
+        if missing := missing_files(Path(given)):
+            raise UserError(f"--model {shown(given)} is not an mlx-lm model folder: it has no "
+                            f"{', '.join(missing)}")
+    elif not looks_like_repo_id(given):
+        what = "no such folder" if not Path(given).exists() else "not a folder"
+        raise UserError(f"--model {shown(given)}: {what}, and not a Hugging Face id (org/name): give an "
+                        "mlx-lm model folder or a Hugging Face id")
+    source = str(Path(given).resolve()) if Path(given).is_dir() else given
+    if not fetch:
+        dtype, dequantize = policy("auto", linux_trains)
+        copy = cache_dir(source, dtype, Path(into))
+        return RunModel(copy, given, pending=not is_cached(copy, source, dtype, dequantize))
+    found = ensure(source, linux_trains=linux_trains, into=into, check=True)
+    if found["changed"]:
+        print(f"==> model {shown(given)}: fetching it once into {found['path']} (a checked copy with a "
+              "manifest, which every node verifies; later runs reuse it)", flush=True)
+        found = ensure(source, linux_trains=linux_trains, into=into, what=f"--model {shown(given)}")
+    return RunModel(Path(found["path"]), given)
+
+
+def shape_of(given: str) -> dict[str, Any] | None:
+    """A model folder's config.json, before it is fetched (None: a hub id, or none readable)."""
+    with contextlib.suppress(OSError, ValueError):
+        config = json.loads((Path(given) / "config.json").read_text(encoding="utf-8"))
+        return config if isinstance(config, dict) else None
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

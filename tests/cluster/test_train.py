@@ -102,6 +102,55 @@ def test_train_runs_on_both_nodes_over_the_link_and_brings_results_back(provisio
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
+def test_an_mlx_lm_config_file_trains_across_the_nodes_as_it_is(provisioned, tiny_inputs, tmp_path):
+    """A user's `mlx_lm lora` config, its model a stock mlx-lm folder (no manifest) and its data a
+    folder with a test split, given to invoke train alone: the model is fetched once, DoRA trains
+    with AdamW, a cosine schedule with warmup and gradient accumulation on both nodes, the test
+    split is evaluated, and stock mlx_lm generate takes the run folder."""
+    model_dir, data_dir = tiny_inputs
+    stock_model = model_dir.parent / "tiny-src"  # as mlx_lm lora takes it: no manifest.json
+    data = tmp_path / "data"
+    shutil.copytree(data_dir, data)
+    (data / "test.jsonl").write_text("".join((data / "valid.jsonl").read_text().splitlines(True)[:8]))
+    settings = {
+        "model": str(stock_model), "train": True, "fine_tune_type": "dora", "optimizer": "adamw",
+        "optimizer_config": {"adamw": {"weight_decay": 0.01}}, "data": str(data), "seed": 0, "num_layers": 2,
+        "batch_size": 2, "iters": 6, "val_batches": 2, "learning_rate": 1e-3, "steps_per_report": 2,
+        "steps_per_eval": 3, "save_every": 100, "test": True, "test_batches": 2, "max_seq_length": 512,
+        "grad_accumulation_steps": 2, "clear_cache_threshold": "1GB",
+        "lr_schedule": {"name": "cosine_decay", "arguments": [1e-3, 6, 1e-5], "warmup": 2,
+                        "warmup_init": 0.0},
+        "lora_parameters": {"keys": ["self_attn.q_proj", "self_attn.v_proj"], "rank": 4, "scale": 10.0,
+                            "dropout": 0.0},
+    }  # fmt: skip
+    config = tmp_path / "lora.yaml"
+    config.write_text(yaml.safe_dump(settings))
+    fetched = paths.MODELS / "tiny-src"
+    proc = invoke_train(provisioned, "--config", str(config))
+    run_dir = finished_run(proc)
+    try:
+        assert f"fetching it once into {fetched}" in proc.stdout
+        assert "training on 2 ranks (mpi)" in proc.stdout and "Test loss " in proc.stdout
+        summary = json.loads((run_dir / "summary.json").read_text())
+        said = (summary["fine_tune_type"], summary["optimizer"], summary["world_size"])
+        assert said == ("dora", "adamw", 2)
+        assert summary["test_loss"] > 0
+        adapter_config = json.loads((run_dir / "adapter_config.json").read_text())
+        assert adapter_config["fine_tune_type"] == "dora"
+        assert adapter_config["lora_parameters"]["keys"] == ["self_attn.q_proj", "self_attn.v_proj"]
+        assert {k for k in mx.load(str(run_dir / "adapters.safetensors")) if k.endswith(".m")}  # DoRA's
+        generated = subprocess.run([sys.executable, "-m", "mlx_lm", "generate", "--model", str(stock_model),
+                                    "--adapter-path", str(run_dir), "--prompt", "Ahoy", "--max-tokens", "4"],
+                                   capture_output=True, text=True, timeout=300)
+        assert generated.returncode == 0, generated.stderr[-2000:]
+        # Once per model: a second run reuses the copy.
+        again = invoke_train(provisioned, "--config", str(config), "--dry-run")
+        assert again.returncode == 0 and "fetching" not in again.stdout, again.stdout[-2000:]
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        shutil.rmtree(fetched, ignore_errors=True)
+
+
 def test_ring_backend_trains_a_sharded_model_with_mlx_launch_and_the_rendered_hosts_json(provisioned,
                                                                                       tiny_inputs, tmp_path):
     # Tensor parallelism (each node half of every layer) over MLX's ring backend, as a user asks.

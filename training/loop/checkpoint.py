@@ -15,6 +15,7 @@ the run's own distributed group (`broadcast`), so they need no copy of the run d
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -25,22 +26,24 @@ from typing import Any
 
 import mlx.core as mx
 
+from training import config, older_keys
 from training.loop.checkpoint_files import ADAPTERS, DIRECTORY, OPTIMIZER, STATE, file_digest, newest_whole
 
 # The settings that change what training computes: a checkpoint only resumes a run with the same.
 # (Reporting, validation and saving intervals, paths of outputs and grad_checkpoint do not.)
 TRAINING_SETTINGS = (
+    "fine_tune_type",
+    "optimizer",
+    "optimizer_config",
     "iters",
     "batch_size",
     "learning_rate",
     "lr_schedule",
-    "warmup_steps",
-    "lora_rank",
-    "lora_scale",
-    "lora_dropout",
+    "lora_parameters",
     "num_layers",
     "max_seq_length",
     "mask_prompt",
+    "grad_accumulation_steps",
     "seed",
 )
 
@@ -122,8 +125,18 @@ def load_arrays(checkpoint: Checkpoint) -> tuple[dict[str, mx.array], dict[str, 
     return adapters, optimizer
 
 
+def _as_current(settings: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Settings as this version names and completes them (older key names read as mlx-lm's)."""
+    try:
+        return dataclasses.asdict(config.merge_config(
+            {k: v for k, v in settings.items() if k in (*config.CONFIG_KEYS, *older_keys.OLDER)}, {}))
+    except config.ConfigError:
+        return settings  # compared as they are: what differs is named
+
+
 def settings_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
     """What keeps a checkpoint made with `saved` settings from resuming a run with `current`."""
+    saved, current = _as_current(saved), _as_current(current)
     return [
         f"{key}: the checkpoint was made with {saved.get(key)!r}, this run has {current.get(key)!r}"
         for key in TRAINING_SETTINGS

@@ -33,7 +33,9 @@ from training.loop.progress import ProgressDisplay
 
 @dataclass
 class Checkpointer:
-    """Writes a checkpoint (rank 0) at the first train report at or after every `save_every` steps.
+    """Writes a checkpoint (rank 0) at the first train report at or after every `save_every` steps
+    that ends an update: with grad_accumulation_steps G, an iteration that is a multiple of G (in
+    between, gradients are half summed, and a checkpoint holds no gradients).
 
     Checkpoints are taken at reports so that the checkpoint's metrics and token count include its
     step, and so that a run resumed from it reports at the same steps as an uninterrupted run
@@ -53,7 +55,7 @@ class Checkpointer:
         self.due = (self.first_step // self.config.save_every + 1) * self.config.save_every
 
     def after_report(self, step: int) -> None:
-        if step >= self.due:
+        if step >= self.due and step % self.config.grad_accumulation_steps == 0:
             self.save(step)
             self.due = (step // self.config.save_every + 1) * self.config.save_every
 

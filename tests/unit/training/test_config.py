@@ -9,11 +9,18 @@ import yaml
 from mlx_lm.tuner.utils import build_schedule
 
 from training import config as tc
+from training.command_line import build_parser, cli_values
+
+# mlx-lm's data keys the demo has no use for, and the settings file's own name.
+NOT_IN_THE_DEMO = {"config", "training_mode", "hf_dataset", "prompt_feature", "completion_feature",
+                   "chat_feature", "text_feature"}
 
 
-def test_shipped_lora_yaml_holds_every_default_each_with_a_comment():
+def test_shipped_lora_yaml_gives_every_key_a_comment_and_trains_as_it_is():
     text = tc.DEFAULT_CONFIG.read_text()
-    assert yaml.safe_load(text) == dataclasses.asdict(tc.FinetuneConfig())
+    values = tc.load_config_file(tc.DEFAULT_CONFIG)
+    assert set(values) == set(tc.CONFIG_KEYS) - NOT_IN_THE_DEMO
+    assert tc.config_problems(tc.merge_config(values, {})) == []
     lines = text.splitlines()
     for number, line in enumerate(lines):
         if line and not line.startswith(("#", " ")):
@@ -21,14 +28,14 @@ def test_shipped_lora_yaml_holds_every_default_each_with_a_comment():
 
 
 def test_command_line_wins_over_the_file_which_wins_over_the_defaults():
-    args = tc.build_parser().parse_args(["--iters", "7", "--grad-checkpoint", "--learning-rate", "3e-4"])
-    config = tc.merge_config({"iters": 50, "batch_size": 8, "grad_checkpoint": False}, tc.cli_values(args))
+    args = build_parser().parse_args(["--iters", "7", "--grad-checkpoint", "--learning-rate", "3e-4"])
+    config = tc.merge_config({"iters": 50, "batch_size": 8, "grad_checkpoint": False}, cli_values(args))
 
     assert (config.iters, config.batch_size, config.grad_checkpoint) == (7, 8, True)
     assert config.learning_rate == 3e-4
-    assert config.lora_rank == tc.FinetuneConfig().lora_rank
-    assert tc.cli_values(tc.build_parser().parse_args([])) == {}
-    assert tc.cli_values(tc.build_parser().parse_args(["--no-mask-prompt"])) == {"mask_prompt": False}
+    assert config.lora_parameters == tc.FinetuneConfig().lora_parameters
+    assert cli_values(build_parser().parse_args([])) == {}
+    assert cli_values(build_parser().parse_args(["--no-mask-prompt"])) == {"mask_prompt": False}
 
 
 def test_unknown_key_in_the_file_is_an_error_naming_it():
@@ -77,34 +84,34 @@ def test_the_global_batch_is_shared_as_equally_as_can_be_or_as_batch_shares_says
 
 
 def test_every_problem_is_reported_at_once():
-    config = tc.FinetuneConfig(
-        iters=10, warmup_steps=10, lora_dropout=1.0, lr_schedule="linear", num_layers=0, learning_rate=0
-    )
+    config = tc.merge_config({"iters": 10, "lora_dropout": 1.0, "lr_schedule": "linear", "num_layers": 0,
+                              "learning_rate": 0}, {})
     problems = tc.config_problems(config)
     assert [p.split()[0] for p in problems] == [
         "num_layers",
         "learning_rate",
+        "lora_parameters.dropout",
         "lr_schedule",
-        "warmup_steps",
-        "lora_dropout",
     ]
     assert tc.config_problems(tc.FinetuneConfig()) == []
 
 
-def test_learning_rate_schedules():
-    assert tc.lr_schedule_config(tc.FinetuneConfig(learning_rate=1e-3)) is None
+def schedule(values: dict) -> object:
+    return build_schedule(tc.merge_config(values, {}).lr_schedule)
 
-    cosine = build_schedule(
-        tc.lr_schedule_config(
-            tc.FinetuneConfig(learning_rate=1e-3, lr_schedule="cosine", iters=110, warmup_steps=10)
-        )
-    )
+
+def test_the_older_learning_rate_schedules_are_mlx_lm_s_schedules():
+    assert tc.merge_config({"learning_rate": 1e-3, "lr_schedule": "none"}, {}).lr_schedule is None
+
+    cosine = schedule({"learning_rate": 1e-3, "lr_schedule": "cosine", "iters": 110, "warmup_steps": 10})
     assert cosine(0).item() == 0
     assert cosine(10).item() == pytest.approx(1e-3)
     assert cosine(60).item() == pytest.approx(5e-4, rel=0.05)
     assert cosine(110).item() < 1e-3 / 1000
 
-    warm_then_constant = build_schedule(
-        tc.lr_schedule_config(tc.FinetuneConfig(learning_rate=1e-3, warmup_steps=4))
-    )
+    warm_then_constant = schedule({"learning_rate": 1e-3, "warmup_steps": 4})
     assert [round(warm_then_constant(step).item(), 6) for step in (0, 2, 4, 50)] == [0, 5e-4, 1e-3, 1e-3]
+    # warmup_steps over a schedule given as mlx-lm's mapping adds its warmup.
+    given = {"name": "cosine_decay", "arguments": [1e-3, 100]}
+    assert tc.merge_config({"lr_schedule": given}, {"warmup_steps": 5}).lr_schedule == {
+        **given, "warmup": 5, "warmup_init": 0.0}

@@ -16,9 +16,12 @@ CLUSTER = Cluster.from_json(lab_layout())  # two ranks
 
 @pytest.mark.parametrize(("config", "says"), [
     ("iters: -5\n", "invalid settings: iters must be at least 1, got -5"),
-    ("lora_rank: 0\n", "lora_rank must be at least 1, got 0"),
+    ("lora_rank: 0\n", "lora_parameters.rank must be at least 1, got 0"),
+    ("fine_tune_type: qlora\n", "fine_tune_type must be one of lora, dora, full, got 'qlora'"),
+    ("optimizer_config: {adamw: {weight_decy: 0.1}}\n",
+     "optimizer_config.adamw has no setting 'weight_decy'"),
     ("batch_size: 0\n", "batch_size must be at least 1, got 0"),
-    ("lora_dropout: 2\n", "lora_dropout must be in [0, 1), got 2.0"),
+    ("lora_dropout: 2\n", "lora_parameters.dropout must be in [0, 1), got 2.0"),
     ("max_seq_length: 0\n", "max_seq_length must be at least 2, got 0"),
     ("parallel: pipeline\n", "parallel must be one of data, tensor, got 'pipeline'"),
     ("batch_size: 1\n", "a global batch of 1 cannot give each of 2 ranks an example"),
@@ -37,9 +40,11 @@ def test_settings_the_ranks_refuse_are_refused_by_the_plan_in_one_line(config, s
 @pytest.mark.parametrize(("flags", "says"), [
     (["--iters", "-5"], "iters must be at least 1, got -5"),
     (["--batch-size", "1"], "a global batch of 1 cannot give each of 2 ranks an example"),
-    (["--lora-dropout", "2"], "lora_dropout must be in [0, 1)"),
+    (["--lora-dropout", "2"], "lora_parameters.dropout must be in [0, 1)"),
+    (["--fine-tune-type", "dora", "--parallel", "tensor"], "fine_tune_type dora with parallel tensor"),
     (["--iters", "many"], "argument --iters: invalid int value: 'many'"),
-    (["--fine-tune-typ", "dora"], "unknown training flag '--fine-tune-typ'"),
+    (["--fine-tune-kind", "dora"],
+     "unknown training flag '--fine-tune-kind' (did you mean --fine-tune-type?)"),
     (["--lora-rnk", "8"], "unknown training flag '--lora-rnk' (did you mean --lora-rank?)"),
     (["8"], "a value without its flag '8'"),
     (["--adapter-path", "/etc"], "--adapter-path cannot be given to a run: a run writes into its own folder"),
