@@ -407,9 +407,10 @@ def tensor_problems(config: FinetuneConfig, world_size: int) -> list[str]:
     if world_size < 2:
         problems.append("parallel tensor needs at least 2 ranks to shard the model across; one process "
                         "trains with parallel data")
-    if config.fine_tune_type != "lora":
-        problems.append(f"fine_tune_type {config.fine_tune_type} with parallel tensor: sharded layers "
-                        "train LoRA only so far; use parallel data (every rank holds the whole model)")
+    if config.fine_tune_type == "full":
+        problems.append("fine_tune_type full with parallel tensor: the trained weights would be the "
+                        "model's own, gathered whole on rank 0 to be saved, which a model too big for one "
+                        "node cannot be; train lora or dora with parallel tensor, or full with parallel data")
     if config.optimizer in WHOLE_MATRIX_OPTIMIZERS:
         problems.append(f"optimizer {config.optimizer} with parallel tensor: its update of a matrix needs "
                         "the whole matrix, and each rank holds a shard; use adam, adamw or sgd, or "

@@ -170,7 +170,8 @@ def load_model_and_data(config: FinetuneConfig, group: Any) -> Loaded:
     # the same seed (training/data/batches.py); numpy's global one is seeded for anything else.
     if config.parallel == "tensor":
         model, tokenizer = tensor_parallel.load(config.model, group, config.num_layers,
-                                                config.lora_parameters, seed=config.seed)
+                                                config.lora_parameters, seed=config.seed,
+                                                dora=config.fine_tune_type == "dora")
     else:
         trusted = config.trust_remote_code
         model, tokenizer = load(config.model, tokenizer_config={"trust_remote_code": trusted},

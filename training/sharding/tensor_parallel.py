@@ -1,4 +1,4 @@
-"""Tensor-parallel LoRA: every rank holds a shard of the model and trains on the whole batch.
+"""Tensor-parallel LoRA and DoRA: every rank holds a shard of the model and trains on the whole batch.
 
 mlx-lm shards models for inference only (`Model.shard(group)`, `sharded_load`), and its LoRA layers
 wrap `nn.Linear`, not the sharded layers. Here:
@@ -16,7 +16,10 @@ wrap `nn.Linear`, not the sharded layers. Here:
    every rank's output shard). Row-parallel (sharded-to-all: the input split, the output summed):
    `lora_a`'s input is split, and a rank-r all-sum joins the ranks' parts before the whole
    `lora_b`. Every replicated matrix gets the same gradient on every rank: no averaging.
-3. `Layout` gathers sharded arrays into whole ones (adapters and Adam moments, for saving) and
+   `ShardedDoRALinear` adds DoRA's magnitudes, one per output: cut like the outputs in a
+   column-parallel layer (whose rows each rank holds whole, and so their norms), whole in a
+   row-parallel one, where each adapted row's norm is the root of the ranks' summed squares.
+3. `Layout` gathers sharded arrays into whole ones (adapters and optimizer state, for saving) and
    cuts whole ones into this rank's shard (for resuming): files are always those of one process,
    whatever the layout that wrote or reads them.
 
@@ -41,6 +44,7 @@ from mlx.nn.layers.distributed import (
 )
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm import load as mlx_lm_load
+from mlx_lm.tuner.dora import DoRALinear
 from mlx_lm.tuner.lora import LoRALinear
 from mlx_lm.tuner.utils import linear_to_lora_layers
 from mlx_lm.utils import _get_classes
@@ -76,7 +80,7 @@ class ShardedLoRALinear(nn.Module):
     [start, stop) this rank holds; LoRA's matching part is `cut`.
     """
 
-    def __init__(self, base: nn.Module, lora: LoRALinear, group: Any, held: tuple[int, int]):
+    def __init__(self, base: nn.Module, lora: LoRALinear | DoRALinear, group: Any, held: tuple[int, int]):
         super().__init__()
         self.linear = base
         self.dropout = lora.dropout
@@ -93,6 +97,11 @@ class ShardedLoRALinear(nn.Module):
             self.lora_b = lora.lora_b
             self.cut = Cut("lora_a", 0, start, stop, lora.lora_a.shape[0])
 
+    @property
+    def cuts(self) -> tuple[Cut, ...]:
+        """Every trainable parameter of this layer that is a part of a whole one, and which part."""
+        return (self.cut,)
+
     def _dropped(self, x: mx.array) -> mx.array:
         if self.column or self.dropout._p_1 == 1 or not self.training:
             return self.dropout(x)
@@ -101,15 +110,55 @@ class ShardedLoRALinear(nn.Module):
         mask = mx.random.bernoulli(self.dropout._p_1, (*x.shape[:-1], self.cut.total))
         return (mask[..., self.cut.start:self.cut.stop] * x) * (1 / self.dropout._p_1)
 
-    def __call__(self, x: mx.array) -> mx.array:
-        y = self.linear(x)
+    def _low_rank(self, x: mx.array) -> mx.array:
+        """The rank-r activation x A, whole on every rank."""
         h = self._dropped(x) @ self.lora_a
         if self.column:
-            h = sum_gradients(self.group)(h)
-        else:
-            h = mx.distributed.all_sum(h, group=self.group)
-        z = h @ self.lora_b
+            return sum_gradients(self.group)(h)  # it feeds every rank's output part
+        return mx.distributed.all_sum(h, group=self.group)  # each rank holds a part of the input
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = self.linear(x)
+        z = self._low_rank(x) @ self.lora_b
         return y + (self.scale * z).astype(x.dtype)
+
+
+class ShardedDoRALinear(ShardedLoRALinear):
+    """mlx-lm's DoRALinear around a sharded linear layer: LoRA's parts as ShardedLoRALinear cuts them,
+    and the magnitude `m` (one per output) cut like the outputs. The norm of each adapted weight row
+    is one process's: whole on each rank in a column-parallel layer (it holds whole rows), and the
+    sum of the ranks' squared parts in a row-parallel one."""
+
+    def __init__(self, base: nn.Module, dora: DoRALinear, group: Any, held: tuple[int, int]):
+        super().__init__(base, dora, group, held)
+        start, stop = held
+        self.m = dora.m[start:stop] if self.column else dora.m
+
+    @property
+    def cuts(self) -> tuple[Cut, ...]:
+        if not self.column:
+            return (self.cut,)
+        return (self.cut, Cut("m", 0, self.cut.start, self.cut.stop, self.cut.total))
+
+    def _row_norms(self, weight: mx.array) -> mx.array:
+        adapted = weight + (self.scale * self.lora_b.T) @ self.lora_a.T
+        if self.column:
+            return mx.linalg.norm(adapted, axis=1)
+        squares = mx.distributed.all_sum(mx.sum(mx.square(adapted), axis=1), group=self.group)
+        return mx.sqrt(squares)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        weight = self.linear["weight"]
+        if self.column:
+            y = sum_gradients(self.group)(x) @ weight.T
+        else:
+            y = mx.distributed.all_sum(x @ weight.T, group=self.group)
+        out = y + (self.scale * (self._low_rank(x) @ self.lora_b)).astype(x.dtype)
+        denom = mx.stop_gradient(self._row_norms(weight))
+        out = (self.m / denom).astype(x.dtype) * out
+        if "bias" in self.linear:
+            out = out + self.linear["bias"]
+        return out
 
 
 # --- loading a shard of the model ------------------------------------------------------------------
@@ -164,9 +213,10 @@ def check_num_layers(model: nn.Module, num_layers: int) -> None:
 
 
 def load(
-    model_name: str, group: Any, num_layers: int, lora_parameters: dict[str, Any], seed: int
+    model_name: str, group: Any, num_layers: int, lora_parameters: dict[str, Any], seed: int,
+    dora: bool = False,
 ) -> tuple[nn.Module, Any]:
-    """This rank's shard of the model with its LoRA layers, and the tokenizer. The LoRA layers are
+    """This rank's shard of the model with its LoRA (or DoRA) layers, and the tokenizer. They are
     placed and initialized as mlx-lm does for one process that seeds mx.random with `seed` once its
     model is built."""
     model, tokenizer, config = mlx_lm_load(model_name, lazy=True, return_config=True)
@@ -175,21 +225,21 @@ def load(
     check_num_layers(model, num_layers)
     mx.random.seed(seed)
     model.freeze()
-    linear_to_lora_layers(model, num_layers, lora_parameters)
+    linear_to_lora_layers(model, num_layers, lora_parameters, use_dora=dora)
     after_init = mx.random.state[0]
-    loras = {path: m for path, m in model.named_modules() if isinstance(m, LoRALinear)}
+    loras = {path: m for path, m in model.named_modules() if isinstance(m, (LoRALinear, DoRALinear))}
     model.update_modules(tree_unflatten([(path, m.linear) for path, m in loras.items()]))
     held = _shard(model, config, group)  # new layers draw random placeholders: the RNG is set back
     layers = dict(model.named_modules())
     model.update_modules(tree_unflatten([
-        (path, ShardedLoRALinear(layers[path], lora, group, held.get(id(layers[path]))
-                                 or _equal_part(layers[path], lora, group))
+        (path, (ShardedDoRALinear if dora else ShardedLoRALinear)(
+            layers[path], lora, group, held.get(id(layers[path])) or _equal_part(layers[path], lora, group))
          if isinstance(layers[path], COLUMN + ROW) else _rewrapped(lora, layers[path]))
         for path, lora in loras.items()
     ]))
     vocab_parallel.shard_vocab(model, group)
     model.freeze()
-    model.unfreeze(keys=["lora_a", "lora_b"], strict=False)
+    model.unfreeze(keys=["lora_a", "lora_b", *(["m"] if dora else [])], strict=False)
     high, low = after_init.tolist()
     mx.random.seed((high << 32) | low)
     _evaluate_by_layer(model)
@@ -209,14 +259,15 @@ def _shard(model: nn.Module, config: Mapping[str, Any], group: Any) -> dict[int,
     return {id(layer): part for layer, part in head_groups.shard(model, group)}
 
 
-def _equal_part(base: nn.Module, lora: LoRALinear, group: Any) -> tuple[int, int]:
+def _equal_part(base: nn.Module, lora: LoRALinear | DoRALinear, group: Any) -> tuple[int, int]:
     """The part of a layer the model's own shard() gave this rank: an equal one."""
     total = lora.lora_b.shape[1] if isinstance(base, COLUMN) else lora.lora_a.shape[0]
     return vocab_parallel.bounds(total, group.size(), group.rank())
 
 
-def _rewrapped(lora: LoRALinear, base: nn.Module) -> LoRALinear:
-    """A LoRA layer whose base shard() left whole (replicated on every rank) keeps mlx-lm's layer."""
+def _rewrapped(lora: LoRALinear | DoRALinear, base: nn.Module) -> LoRALinear | DoRALinear:
+    """A LoRA layer whose base shard() left whole (replicated on every rank) keeps mlx-lm's layer
+    (a DoRA layer keeps its magnitudes: the base is the same weights)."""
     lora.linear = base
     return lora
 
@@ -248,8 +299,8 @@ class Layout:
     @classmethod
     def of(cls, parallel: str, group: Any, model: nn.Module) -> Layout:
         modules = model.named_modules()
-        cuts = {f"{path}.{module.cut.name}": module.cut
-                for path, module in modules if isinstance(module, ShardedLoRALinear)}
+        cuts = {f"{path}.{cut.name}": cut for path, module in modules
+                if isinstance(module, ShardedLoRALinear) for cut in module.cuts}
         vocab = [module for _, module in modules if isinstance(module, vocab_parallel.VocabShard)]
         return cls(parallel, group, cuts, vocab[0] if vocab else None)
 

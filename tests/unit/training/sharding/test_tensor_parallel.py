@@ -122,6 +122,36 @@ def test_a_tensor_parallel_run_resumes_from_its_checkpoint(tensor: Path):
     assert max_difference(root / "single", root / "resumed-alone") < 1e-4
 
 
+@pytest.mark.parametrize("heads", ["even", "key-value groups"])
+def test_dora_with_adamw_on_two_tensor_parallel_ranks_trains_one_process_s_weights_and_resumes(
+        tensor: Path, heads: str):
+    """DoRA: its magnitudes cut like the outputs in column-parallel layers, each adapted row's norm
+    summed across the ranks in row-parallel ones; AdamW's state cut like the weights; dropout on."""
+    root = tensor / f"dora-{heads}"
+    if heads == "even":
+        shutil.copytree(tensor / "model", root / "model")
+    else:
+        tiny_model(root / "model", hidden_size=96, num_attention_heads=6, num_key_value_heads=3,
+                   intermediate_size=125)
+    shutil.copytree(tensor / "data", root / "data")
+    settings = ("--fine-tune-type", "dora", "--optimizer", "adamw", "--lora-dropout", "0.3")
+    single_run(root, "single", *settings)
+    tensor_run(root, "tensor", *settings)
+    diff = max_difference(root / "single", root / "tensor")
+    assert diff < 1e-4, diff
+    gathered = adapters(root / "tensor")
+    single = adapters(root / "single")
+    assert {k: v.shape for k, v in gathered.items()} == {k: v.shape for k, v in single.items()}
+    assert any(k.endswith(".m") for k in gathered)  # DoRA's magnitudes, whole
+    for key in ("train_loss", "val_loss"):
+        assert losses(root / "tensor", key) == pytest.approx(losses(root / "single", key), abs=1e-4)
+    shutil.copytree(root / "tensor", root / "resumed")
+    shutil.rmtree(root / "resumed" / "checkpoints" / "0000010")
+    tensor_run(root, "resumed", *settings, "--resume")
+    assert max_difference(root / "tensor", root / "resumed") < 1e-6
+    print(f"DoRA ({heads}), max abs difference, 1 process against 2 tensor-parallel ranks: {diff:.3g}")
+
+
 def test_one_process_is_refused_tensor_parallelism(tensor: Path, capsys: pytest.CaptureFixture[str]):
     args = training_args(tensor / "model", tensor / "data", tensor / "alone", "--parallel", "tensor")
     assert ft.main(args, environ={}) == 2
