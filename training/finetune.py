@@ -52,6 +52,8 @@ A rank with no finished step or validation batch for `stall_timeout` seconds sto
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -148,6 +150,24 @@ def load_data(config: FinetuneConfig, tokenizer: Any) -> tuple[Any, Any, Any]:
                 f"{config.batch_size}"
             )
     return train_set, valid_set, test_set
+
+
+def data_sha256(config: FinetuneConfig) -> str:
+    """What a checkpoint remembers of the data, so that a resume on other data is refused: train.jsonl's
+    digest, or (hf_dataset) the digest of every file of its folders, in order."""
+    if not config.hf_dataset:
+        return checkpoint.file_digest(Path(config.data) / "train.jsonl")
+    entries = [config.hf_dataset] if isinstance(config.hf_dataset, dict) else config.hf_dataset
+    files = [f for entry in entries for f in sorted(Path(entry["path"]).rglob("*")) if f.is_file()]
+    return hashlib.sha256("".join(checkpoint.file_digest(f) for f in files).encode()).hexdigest()
+
+
+def check_datasets_package(config: FinetuneConfig) -> None:
+    """hf_dataset is read with the datasets package, which the nodes' venv may lack."""
+    if config.hf_dataset and importlib.util.find_spec("datasets") is None:
+        raise ConfigError("hf_dataset is read with the datasets package, which this venv lacks: add "
+                          "python_env_extra_packages: ['datasets==5.2.0'] to the inventory's vars and run "
+                          "invoke provision (or pip install datasets==5.2.0)")
 
 
 def add_trainable_layers(model: nn.Module, config: FinetuneConfig) -> None:
@@ -439,7 +459,7 @@ def run(
     if rank0:
         write_settings(config, validates=loaded.valid is not None)
     optimizer = optimizers.make(config)
-    data_digest = checkpoint.file_digest(Path(config.data) / "train.jsonl") if rank0 else ""
+    data_digest = data_sha256(config) if rank0 else ""
     resumed = resume_point(config, loaded.layout, loaded.model, optimizer, data_digest) if resume else None
     first_step = resumed.step if resumed else 0
 
@@ -496,6 +516,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         check_inputs(config)
         if problem := missing_packages_problem(config.report_to):
             raise ConfigError(problem)
+        check_datasets_package(config)
         if config.parallel == "tensor":
             tensor_parallel.check_collectives(group, environ)
         run(config, group, resume=args.resume)

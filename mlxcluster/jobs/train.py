@@ -23,7 +23,7 @@ from mlxcluster.check import doctor
 from mlxcluster.describe.cluster import Cluster, Recorded, recorded
 from mlxcluster.errors import Interrupted, UserError
 from mlxcluster.jobs import flags
-from mlxcluster.launch import batch_shares, builder, parallel, relay, runs, shipment, sync
+from mlxcluster.launch import batch_shares, builder, hf_datasets, parallel, relay, runs, shipment, sync
 from mlxcluster.launch import settings as run_settings
 from mlxcluster.paths import REPO, RUNS
 from mlxcluster.provision import inputs, model_store, preview
@@ -110,8 +110,15 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
          inventory: str = "") -> Plan:
     """The run, as commands: nothing is run. resume: continue run_id from its latest checkpoint
     (request.config is then the run's own config.yaml)."""
-    data, model = shipments(request)
+    # mlx-lm's hf_dataset: its folders go instead of the data folder, which mlx-lm then does not read.
+    given = run_settings.read(request.config, run_settings.user_flags(request.overrides)).hf_dataset
+    hf = hf_datasets.folders(given)
+    data, model = shipments(request, data_read=not hf)
     steps, placed = sync.training_inputs(cluster, data, model, request.config, installed=request.installed)
+    hf_dir = f"{cluster.head.work_dir}/data"
+    steps += [(f"sync hf_dataset {folder.name} to {node.name}",
+               sync.send(folder.shipment, node, f"{hf_dir}/hf/{folder.name}"))
+              for node in cluster.training_nodes for folder in hf]
     run_dir = f"{cluster.head.runs_dir}/{run_id}"
     if resume and (restore := sync.push_checkpoints(RUNS / run_id, cluster.head, run_dir)):
         steps.append(restore)
@@ -119,6 +126,8 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
     parallel.check(cluster, request.model, request.parallel,
                    request.pending_shape if "model" in request.pending else None)
     overrides = run_settings.user_flags(request.overrides)
+    if hf:  # after the user's settings: the same entries, with the nodes' paths
+        overrides += hf_datasets.flag(hf_datasets.placed(given, hf, hf_dir))
     shared = batch_shares.for_run(cluster, request.config, overrides, request.calibration)
     # The shares go before the user's flags: a --batch-shares of theirs wins.
     overrides = [*(shared.args if shared else []), *overrides]
@@ -139,7 +148,9 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
     return Plan(cluster, request, run_id, resume, backend, steps, launch,
                 sync.pull(cluster.head, run_dir, RUNS / run_id), backend_why=choice.why, shares=shared,
                 said=tuple(said),
-                record=run_record(cluster, request, inventory, backend, choice.why, shared, launch))
+                record={**run_record(cluster, request, inventory, backend, choice.why, shared, launch),
+                        # Where hf_dataset's folders are here, for a resume (its config.yaml has the nodes').
+                        "hf_dataset": hf_datasets.on_controller(given) if hf else None})
 
 
 def run_record(cluster: Cluster, request: Request, inventory: str, backend: str, why: str,
@@ -157,14 +168,17 @@ def run_record(cluster: Cluster, request: Request, inventory: str, backend: str,
             "parallel": request.parallel, "launch": shlex.join(launch)}
 
 
-def shipments(request: Request) -> tuple[shipment.Shipment, shipment.Shipment]:
+def shipments(request: Request, *, data_read: bool = True) -> tuple[shipment.Shipment, shipment.Shipment]:
     """The files of the data and of the model that go to the nodes, each checked (a default that a
-    dry run has not made yet: the files it will have). An installed model goes nowhere."""
+    dry run has not made yet: the files it will have). An installed model goes nowhere, nor does
+    data the run does not read (`data_read` false: hf_dataset's folders go instead)."""
     # Names first: a folder whose name cannot be one on the nodes is refused as such.
     sync.plain_name(request.data, "data")
     if not request.installed:
         sync.plain_name(request.model, "model")
-    if "data" in request.pending:
+    if not data_read:
+        data = shipment.Shipment(request.data.resolve(), ())
+    elif "data" in request.pending:
         data = shipment.Shipment(request.data.resolve(), inputs.DEMO_SPLITS)
     else:
         data = shipment.dataset(request.data)
@@ -324,9 +338,12 @@ def _resumed(options: Options) -> tuple[str | None, Options]:
                             f"({recorded_model}, manifest sha256 {str(info['model_sha256'])[:12]}; this one "
                             f"{'has no manifest' if given is None else given[:12]}): resume without "
                             "--model, or start a new run with invoke train")
+    extra = options.extra
+    if info.get("hf_dataset"):  # its folders here, over the nodes' paths in the run's config.yaml
+        extra = shlex.join([*hf_datasets.flag(info["hf_dataset"]), *run_settings.split_extra(extra)])
     return run_id, dataclasses.replace(
         options, data=options.data or recorded_data, model=options.model or recorded_model,
-        backend=options.backend or info.get("backend"), config=str(runs.resume_config(run_id)))
+        backend=options.backend or info.get("backend"), config=str(runs.resume_config(run_id)), extra=extra)
 
 
 def request_for(rec: Recorded, options: Options, *, fetch: bool) -> Request:

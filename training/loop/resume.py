@@ -131,7 +131,9 @@ def _read_latest(
         return None, "", expected
     problem = "\n  ".join(checkpoint.settings_differences(found.state.get("settings", {}), asdict(config)))
     if found.state.get("data_sha256") != data_digest:
-        problem += f"\n  data: {config.data}/train.jsonl is not the file the run was trained on"
+        what = ("hf_dataset's files are not the ones" if config.hf_dataset
+                else f"{config.data}/train.jsonl is not the file")
+        problem += f"\n  data: {what} the run was trained on"
     if problem:
         return found, problem, expected
     adapters, optimizer_state = checkpoint.load_arrays(found)

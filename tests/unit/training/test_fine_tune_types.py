@@ -214,3 +214,30 @@ def test_report_to_wandb_logs_the_run_s_reports_from_rank_0_only(runs: Path, off
     assert logged == pytest.approx(train)
     assert rows[ONE_EPOCH]["val_loss"] == pytest.approx(metrics[-1]["val_loss"])
     assert len(list(out.glob("wandb/offline-run-*"))) == 1  # rank 1 started none
+
+
+def test_an_hf_dataset_folder_trains_what_the_same_rows_in_a_data_folder_train(
+        runs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """hf_dataset with a local folder, read by mlx-lm with the datasets package: its chat rows under
+    another key (chat_feature), its splits named by datasets' rules, the weights of one-lora's."""
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    folder = tmp_path / "pirate-hf"
+    folder.mkdir()
+    for name in ("train.jsonl", "valid.jsonl"):
+        rows = [json.loads(line) for line in (runs / "data" / name).read_text().splitlines()]
+        (folder / name).write_text("".join(json.dumps({"conversation": r["messages"]}) + "\n" for r in rows))
+    entry = {"path": str(folder), "train_split": "train", "valid_split": "validation",
+             "chat_feature": "conversation"}
+    out = runs / "hf"
+    ours(runs, out, "--hf-dataset", json.dumps(entry), "--data", str(tmp_path / "unused"))
+    diff = max_difference(runs / "one-lora", out)
+    assert diff < 1e-6, diff
+    assert json.loads((out / "adapter_config.json").read_text())["hf_dataset"] == entry
+    # A resume checks the dataset's files, not a train.jsonl the run never read.
+    resumed = interrupted_copy(out, runs / "hf-resumed", at_step=4)
+    (folder / "valid.jsonl").write_text("".join((folder / "valid.jsonl").read_text().splitlines(True)[:-1]))
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(io.StringIO()) as err:
+        code = ft.main(args(runs, resumed, "--resume", "--hf-dataset", json.dumps(entry)), environ={})
+    assert code == 2 and "hf_dataset's files are not the ones the run was trained on" in err.getvalue()
