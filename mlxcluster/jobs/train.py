@@ -23,7 +23,17 @@ from mlxcluster.check import doctor
 from mlxcluster.describe.cluster import Cluster, Recorded, recorded
 from mlxcluster.errors import Interrupted, UserError
 from mlxcluster.jobs import flags
-from mlxcluster.launch import batch_shares, builder, hf_datasets, parallel, relay, runs, shipment, sync
+from mlxcluster.launch import (
+    batch_shares,
+    builder,
+    hf_datasets,
+    parallel,
+    relay,
+    runs,
+    shipment,
+    start_adapters,
+    sync,
+)
 from mlxcluster.launch import settings as run_settings
 from mlxcluster.paths import REPO, RUNS
 from mlxcluster.provision import inputs, model_store, preview
@@ -110,15 +120,8 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
          inventory: str = "") -> Plan:
     """The run, as commands: nothing is run. resume: continue run_id from its latest checkpoint
     (request.config is then the run's own config.yaml)."""
-    # mlx-lm's hf_dataset: its folders go instead of the data folder, which mlx-lm then does not read.
-    given = run_settings.read(request.config, run_settings.user_flags(request.overrides)).hf_dataset
-    hf = hf_datasets.folders(given)
-    data, model = shipments(request, data_read=not hf)
-    steps, placed = sync.training_inputs(cluster, data, model, request.config, installed=request.installed)
-    hf_dir = f"{cluster.head.work_dir}/data"
-    steps += [(f"sync hf_dataset {folder.name} to {node.name}",
-               sync.send(folder.shipment, node, f"{hf_dir}/hf/{folder.name}"))
-              for node in cluster.training_nodes for folder in hf]
+    sent = job_inputs(cluster, request, run_id)
+    steps, placed = sent.steps, sent.placed
     run_dir = f"{cluster.head.runs_dir}/{run_id}"
     if resume and (restore := sync.push_checkpoints(RUNS / run_id, cluster.head, run_dir)):
         steps.append(restore)
@@ -126,8 +129,7 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
     parallel.check(cluster, request.model, request.parallel,
                    request.pending_shape if "model" in request.pending else None)
     overrides = run_settings.user_flags(request.overrides)
-    if hf:  # after the user's settings: the same entries, with the nodes' paths
-        overrides += hf_datasets.flag(hf_datasets.placed(given, hf, hf_dir))
+    overrides += sent.flags  # after the user's settings: the same inputs, at the nodes' paths
     shared = batch_shares.for_run(cluster, request.config, overrides, request.calibration)
     # The shares go before the user's flags: a --batch-shares of theirs wins.
     overrides = [*(shared.args if shared else []), *overrides]
@@ -149,8 +151,42 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
                 sync.pull(cluster.head, run_dir, RUNS / run_id), backend_why=choice.why, shares=shared,
                 said=tuple(said),
                 record={**run_record(cluster, request, inventory, backend, choice.why, shared, launch),
-                        # Where hf_dataset's folders are here, for a resume (its config.yaml has the nodes').
-                        "hf_dataset": hf_datasets.on_controller(given) if hf else None})
+                        **sent.here})
+
+
+@dataclass(frozen=True)
+class JobInputs:
+    """What a run reads, sent: the steps, where it lands, the flags that tell the ranks so (after
+    the user's settings), and the paths on the controller that run.json keeps for a resume."""
+
+    steps: list[sync.Step]
+    placed: sync.Placed
+    flags: list[str]
+    here: dict[str, Any]
+
+
+def job_inputs(cluster: Cluster, request: Request, run_id: str) -> JobInputs:
+    """The code, data, config and model on every node, and the inputs mlx-lm's settings name:
+    hf_dataset's folders (instead of the data folder, which mlx-lm then does not read) and the
+    resume_adapter_file a new run starts from."""
+    asked = run_settings.read(request.config, run_settings.user_flags(request.overrides))
+    hf = hf_datasets.folders(asked.hf_dataset)
+    start = start_adapters.shipment_of(asked.resume_adapter_file) if asked.resume_adapter_file else None
+    data, model = shipments(request, data_read=not hf)
+    steps, placed = sync.training_inputs(cluster, data, model, request.config, installed=request.installed)
+    hf_dir = f"{cluster.head.work_dir}/data"
+    steps += [(f"sync hf_dataset {folder.name} to {node.name}",
+               sync.send(folder.shipment, node, f"{hf_dir}/hf/{folder.name}"))
+              for node in cluster.training_nodes for folder in hf]
+    start_dir = start_adapters.folder_on_nodes(cluster.head.work_dir, run_id)
+    if start:  # every rank loads the weights it starts from
+        steps += [(f"sync resume_adapter_file to {node.name}", sync.send(start, node, start_dir))
+                  for node in cluster.training_nodes]
+    flags = [*(hf_datasets.flag(hf_datasets.placed(asked.hf_dataset, hf, hf_dir)) if hf else []),
+             *(["--resume-adapter-file", f"{start_dir}/{start.files[0]}"] if start else [])]
+    here = {"hf_dataset": hf_datasets.on_controller(asked.hf_dataset) if hf else None,
+            "resume_adapter_file": str(start.root / start.files[0]) if start else None}
+    return JobInputs(steps, placed, flags, here)
 
 
 def run_record(cluster: Cluster, request: Request, inventory: str, backend: str, why: str,
@@ -338,9 +374,11 @@ def _resumed(options: Options) -> tuple[str | None, Options]:
                             f"({recorded_model}, manifest sha256 {str(info['model_sha256'])[:12]}; this one "
                             f"{'has no manifest' if given is None else given[:12]}): resume without "
                             "--model, or start a new run with invoke train")
-    extra = options.extra
-    if info.get("hf_dataset"):  # its folders here, over the nodes' paths in the run's config.yaml
-        extra = shlex.join([*hf_datasets.flag(info["hf_dataset"]), *run_settings.split_extra(extra)])
+    # The inputs here, over the nodes' paths in the run's config.yaml.
+    here = [*(hf_datasets.flag(info["hf_dataset"]) if info.get("hf_dataset") else []),
+            *(["--resume-adapter-file", str(info["resume_adapter_file"])] if info.get("resume_adapter_file")
+              else [])]
+    extra = shlex.join([*here, *run_settings.split_extra(options.extra)]) if here else options.extra
     return run_id, dataclasses.replace(
         options, data=options.data or recorded_data, model=options.model or recorded_model,
         backend=options.backend or info.get("backend"), config=str(runs.resume_config(run_id)), extra=extra)
