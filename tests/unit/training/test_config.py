@@ -11,8 +11,9 @@ from mlx_lm.tuner.utils import build_schedule
 from training import config as tc
 from training.command_line import build_parser, cli_values
 
-# mlx-lm's data keys the demo has no use for, and the settings file's own name.
-NOT_IN_THE_DEMO = {"config", "training_mode", "hf_dataset", "prompt_feature", "completion_feature",
+# The demo's model and data (invoke train's defaults), mlx-lm's data keys the demo has no use for,
+# and the settings file's own name.
+NOT_IN_THE_DEMO = {"model", "data", "config", "training_mode", "hf_dataset", "prompt_feature", "completion_feature",
                    "chat_feature", "text_feature"}
 
 
