@@ -13,8 +13,8 @@ from training.command_line import build_parser, cli_values
 
 # The demo's model and data (invoke train's defaults), mlx-lm's data keys the demo has no use for,
 # and the settings file's own name.
-NOT_IN_THE_DEMO = {"model", "data", "config", "training_mode", "hf_dataset", "prompt_feature", "completion_feature",
-                   "chat_feature", "text_feature"}
+NOT_IN_THE_DEMO = {"model", "data", "config", "training_mode", "hf_dataset", "prompt_feature",
+                   "completion_feature", "chat_feature", "text_feature"}
 
 
 def test_shipped_lora_yaml_gives_every_key_a_comment_and_trains_as_it_is():
