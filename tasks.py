@@ -20,6 +20,7 @@ from invoke.tasks import task as invoke_task
 from mlxcluster import devtools, local, paths
 from mlxcluster.bench import calibrate as bench_calibrate_module
 from mlxcluster.bench import links as bench_links_module
+from mlxcluster.bench import overhead as bench_overhead_module
 from mlxcluster.bench import provision as bench_provision_module
 from mlxcluster.bench import rehearsal as bench_rehearsal_module
 from mlxcluster.bench import scaling as bench_scaling_module
@@ -317,6 +318,22 @@ def bench_train(c, id=None, iters=None, rounds=None, batch_size=None, blas_iters
     bench_train_module.run(lab_id=count(id, "--id", 8), parts=parts, data=data, model=model, output=output)
 
 
+@task(name="overhead", help=helps(
+    "inventory", "data", output="JSON file to write (default runs/bench/overhead-<time>.json)",
+    model="Model directory (default: SmolLM2-135M in the nodes' dtype, fetched on first use)",
+    iters="Steps of each run (default 40; at least 15)",
+    rounds="Rounds per fine-tune type, each our run then stock's (default 3: a median that "
+           "a slow spell in one round does not move)",
+    types="Fine-tune types, comma-separated (default lora,dora,full)"))
+def bench_overhead(c, inventory=None, iters=None, rounds=None, types=None, data=None, model=None,
+                   output=None):
+    """Ours against stock `mlx_lm lora` on the launcher, both given one config file per fine-tune
+    type: tokens/s of each, ours over stock (target 0.97x) and the losses report by report."""
+    bench_overhead_module.run(recorded(_inventory(c, inventory)), iters=_whole(iters, "--iters") or 40,
+                              rounds=_whole(rounds, "--rounds") or 3, types=types, data=data, model=model,
+                              output=output)
+
+
 @task(name="links", help={
     "inventory": SHARED_HELP["inventory"],
     "backends": "Comma-separated: mpi, ring, jaccl, jaccl-ring; default mpi,ring on a bridge, "
@@ -395,8 +412,8 @@ def bench_calibrate(c, inventory=None, iters=None, batch_size=None, data=None, m
 
 ns = Collection(provision, hostfile, topology, doctor, train, run, generate, lint, test,
                 Collection("lab", lab_up, lab_down, lab_status, lab_limit),
-                Collection("bench", bench_provision, bench_rehearsal, bench_train, bench_links, bench_scaling,
-                           bench_shares, bench_tensor, bench_calibrate),
+                Collection("bench", bench_provision, bench_rehearsal, bench_train, bench_overhead,
+                           bench_links, bench_scaling, bench_shares, bench_tensor, bench_calibrate),
                 Collection("data", data_prepare), Collection("model", model_fetch))
 ns.configure({"cluster": {"inventory": "inventory/local/hosts.yml"},
               "lab": {"id": 0, "nodes": 3}})

@@ -30,7 +30,7 @@ def test_no_help_text_is_written_twice():
 
 def test_each_benchmark_is_a_task_of_its_own():
     bench = tasks.ns.collections["bench"]
-    assert sorted(bench.tasks) == ["calibrate", "links", "provision", "rehearsal", "scaling", "shares",
-                                   "tensor", "train"]
+    assert sorted(bench.tasks) == ["calibrate", "links", "overhead", "provision", "rehearsal", "scaling",
+                                   "shares", "tensor", "train"]
     for name in ("scaling", "shares", "tensor"):
         assert not {"shares", "parallel"} & set(bench.tasks[name].help), name

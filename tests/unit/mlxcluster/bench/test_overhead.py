@@ -46,7 +46,8 @@ def test_the_config_file_has_mlx_lm_keys_only_and_both_programs_get_that_file(tm
 
     ours = overhead.ours_program(str(path), "/runs/ours")
     stock = overhead.stock_program(str(path), "/runs/stock")
-    assert ours == ["python", "-m", "training.finetune", "--config", str(path), "--adapter-path", "/runs/ours"]
+    assert ours == ["python", "-m", "training.finetune", "--config", str(path),
+                    "--adapter-path", "/runs/ours"]
     assert stock == ["python", "-m", "mlx_lm", "lora", "--config", str(path), "--train",
                      "--adapter-path", "/runs/stock"]
 
@@ -141,27 +142,32 @@ def test_stock_lines_give_each_reports_loss_tokens_and_arrival():
     assert reports.arrived == {5: 3.0, 10: 4.0}
     assert reports.losses == {5: 2.345, 10: 2.4}
     assert reports.tokens == {5: 3400.0, 10: 12300.0}
+    assert reports.speeds == {5: 1234.0, 10: 987.0}
 
 
 def test_our_lines_give_the_arrival_and_metrics_jsonl_the_exact_figures():
     lines = [(1.0, "note: nothing"), (2.0, "iter  5/15  loss 2.345  lr 1.00e-04  100 tok/s"),
              (3.0, "iter 10/15  val_loss 3.000  (1.0 s)"), (4.0, "iter 10/15  loss 2.400  lr 1.00e-04")]
     metrics = "\n".join(json.dumps(r) for r in (
-        {"iteration": 0, "val_loss": 3.2}, {"iteration": 5, "train_loss": 2.3451, "trained_tokens": 3412},
-        {"iteration": 10, "train_loss": 2.4003, "trained_tokens": 12288}))
+        {"iteration": 0, "val_loss": 3.2},
+        {"iteration": 5, "train_loss": 2.3451, "trained_tokens": 3412, "tokens_per_second": 101.5},
+        {"iteration": 10, "train_loss": 2.4003, "trained_tokens": 12288, "tokens_per_second": 120.25}))
     reports = overhead.our_reports(lines, metrics + "\n")
     assert reports.arrived == {5: 2.0, 10: 4.0}
     assert reports.losses == {5: 2.3451, 10: 2.4003}
     assert reports.tokens == {5: 3412, 10: 12288}
+    assert reports.speeds == {5: 101.5, 10: 120.25}
 
 
 # --- the figures -----------------------------------------------------------------------------
 
 
-def reports(arrived: dict[int, float], losses: dict[int, float], tokens: dict[int, float]) -> overhead.Reports:
-    return overhead.Reports(arrived, losses, tokens)
+def reports(arrived: dict[int, float], losses: dict[int, float], tokens: dict[int, float],
+            speeds: dict[int, float] | None = None) -> overhead.Reports:
+    return overhead.Reports(arrived, losses, tokens, speeds or {step: 100.0 for step in tokens})
 
 
+# 10 s from report 5 to report 10, 5 of them inside the steps (500 tokens at mlx-lm's 100 tok/s).
 OURS = reports({5: 100.0, 10: 110.0, 15: 120.0}, {5: 2.0, 10: 1.5, 15: 1.2}, {5: 500, 10: 1000, 15: 1500})
 
 
@@ -180,11 +186,16 @@ def test_the_first_epoch_is_whole_batches():
 def test_tokens_per_second_ratio_and_loss_differences_of_a_round():
     # Stock is 25% slower over the window, and reports 3-decimal losses; the last report is past
     # the first epoch (ends at step 12), so its larger difference does not count.
-    stock = reports({5: 50.0, 10: 62.5, 15: 75.0}, {5: 2.0004, 10: 1.501, 15: 1.3}, {5: 500.0, 10: 1000.0,
-                                                                                     15: 1500.0})
+    stock = reports({5: 50.0, 10: 62.5, 15: 75.0}, {5: 2.0004, 10: 1.501, 15: 1.3},
+                    {5: 500.0, 10: 1000.0, 15: 1500.0}, {5: 50.0, 10: 50.0, 15: 50.0})
     result = overhead.compare_round(OURS, stock, (5, 10), 12, 48.0)
     assert result["ours_tokens_per_second"] == 50.0 and result["stock_tokens_per_second"] == 40.0
     assert result["ours_over_stock"] == 1.25
+    # Where each one's window went: stock's steps took 10 s of its 12.5 (by its own 50 tok/s).
+    assert (result["ours_window_seconds"], result["ours_seconds_in_steps"],
+            result["ours_seconds_around_steps"]) == (10.0, 5.0, 5.0)
+    assert (result["stock_window_seconds"], result["stock_seconds_in_steps"],
+            result["stock_seconds_around_steps"]) == (12.5, 10.0, 2.5)
     assert result["ours_reported_tokens_per_second"] == 48.0 and result["window_tokens"] == 500
     assert [(r["step"], r["difference"], r["first_epoch"]) for r in result["losses"]] == [
         (5, 0.0004, True), (10, 0.001, True), (15, 0.1, False)]
@@ -205,11 +216,14 @@ def test_other_batches_or_missing_reports_are_refused():
 def test_a_type_summary_takes_the_median_ratio_and_the_largest_loss_difference():
     config = overhead.config_for("dora", model="/m", data="/d", iters=40)
     rounds = [{"ours_tokens_per_second": t, "stock_tokens_per_second": s, "ours_over_stock": t / s,
-               "max_loss_difference_first_epoch": d}
+               "max_loss_difference_first_epoch": d,
+               **overhead.time_split("ours", 1000 / t, 8.0), **overhead.time_split("stock", 1000 / s, 9.0)}
               for t, s, d in ((90.0, 100.0, 0.0005), (99.0, 100.0, 0.003), (120.0, 100.0, 0.0))]
     summary = overhead.summarize(config, rounds, (5, 35), 66)
     assert summary["ours_over_stock"] == 0.99 and summary["meets_target"] is True
     assert summary["ours_tokens_per_second"] == 99.0 and summary["stock_tokens_per_second"] == 100.0
+    assert (summary["ours_window_seconds"], summary["ours_seconds_around_steps"]) == (10.1, 2.1)
+    assert (summary["stock_seconds_in_steps"], summary["stock_seconds_around_steps"]) == (9.0, 1.0)
     assert summary["max_loss_difference_first_epoch"] == 0.003 and summary["same_losses"] is False
     assert summary["fine_tune_type"] == "dora" and summary["config"] == config
     slow = overhead.summarize(config, rounds[:1], (5, 35), 66)
@@ -234,11 +248,11 @@ def our_lines() -> list[str]:
 
 
 def stock_lines() -> list[str]:
-    return [f"  {step:>4}    2.000 ▼    100    {step * 0.1:>5.1f}k" for step in (5, 10, 15)]
+    return [f"  {step:>4}    2.000 ▼    250    {step * 0.1:>5.1f}k" for step in (5, 10, 15)]
 
 
-METRICS = "\n".join(json.dumps({"iteration": step, "train_loss": 2.0, "trained_tokens": step * 100})
-                    for step in (5, 10, 15))
+METRICS = "\n".join(json.dumps({"iteration": step, "train_loss": 2.0, "trained_tokens": step * 100,
+                                "tokens_per_second": 300.0}) for step in (5, 10, 15))
 
 
 @pytest.fixture
@@ -286,6 +300,9 @@ def test_compare_alternates_both_programs_on_the_one_file_and_removes_their_runs
     assert summary["ours_tokens_per_second"] == 250.0 and summary["stock_tokens_per_second"] == 200.0
     assert summary["ours_over_stock"] == 1.25 and summary["max_loss_difference_first_epoch"] == 0.0
     assert summary["first_epoch_steps"] == 66 and summary["window_reports"] == [5, 10]
+    # 500 tokens at mlx-lm's 300 tok/s: 1.67 s inside the steps, the rest around them.
+    assert (summary["ours_seconds_in_steps"], summary["ours_seconds_around_steps"]) == (1.67, 0.33)
+    assert (summary["stock_seconds_in_steps"], summary["stock_seconds_around_steps"]) == (2.0, 0.5)
 
 
 def test_the_json_has_each_types_figures_and_a_summary_of_them(fake: FakeNode, tmp_path: Path):
@@ -300,7 +317,8 @@ def test_the_json_has_each_types_figures_and_a_summary_of_them(fake: FakeNode, t
     assert read["max_loss_difference_first_epoch"] == {"lora": 0.0, "dora": 0.0, "full": 0.0}
     lora = read["types"]["lora"]
     for key in ("ours_tokens_per_second", "stock_tokens_per_second", "ours_over_stock", "meets_target",
-                "max_loss_difference_first_epoch", "same_losses", "config", "rounds"):
+                "max_loss_difference_first_epoch", "same_losses", "config", "rounds",
+                "ours_seconds_around_steps", "stock_seconds_around_steps"):
         assert key in lora, key
     assert {"step", "ours", "stock", "difference", "first_epoch"} == set(lora["rounds"][0]["losses"][0])
     assert read["types"]["full"]["config"]["fine_tune_type"] == "full"
