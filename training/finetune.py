@@ -28,8 +28,9 @@ A run, and the module that does each part:
    the launcher announces), instead of N processes each silently training alone
    (`training/distributed.py`);
 3. load the model, add the LoRA or DoRA layers (or unfreeze the layers, full) with the same seeds on
-   every rank (the LoRA init and dropout), load the data as mlx-lm does; a batch order that depends
-   on the seed alone (`training/data/batches.py`), the same on every rank and after a resume;
+   every rank (the LoRA init and dropout), load the data as mlx-lm does (`training/loading.py`); a
+   batch order that depends on the seed alone (`training/data/batches.py`), the same on every rank
+   and after a resume;
 4. train with mlx-lm's loop: on rank 0 a progress bar, or plain lines when stdout is not a
    terminal, as under mpirun (`training/loop/progress.py`), and `metrics.jsonl` (`training/loop/metrics.py`);
 5. summarize on rank 0: `summary.json` and `loss.png` (`training/loop/report.py`), next to the adapters,
@@ -52,30 +53,22 @@ A rank with no finished step or validation batch for `stall_timeout` seconds sto
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import importlib.util
 import json
 import math
 import os
 import sys
 import time
-import types
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
-import mlx.nn as nn
 import mlx.optimizers as optim
-import numpy as np
 import yaml
 from mlx.utils import tree_flatten
-from mlx_lm import load
 from mlx_lm.tuner import trainer
 from mlx_lm.tuner.datasets import CacheDataset
-from mlx_lm.tuner.datasets import load_dataset as mlx_lm_load_dataset
-from mlx_lm.tuner.utils import linear_to_lora_layers, print_trainable_parameters
 from mlx_lm.utils import save_config
 from rich.console import Console
 
@@ -100,11 +93,12 @@ from training.distributed import (
     rank_prefix,
     wait_for_every_rank,
 )
+from training.loading import Loaded, check_datasets_package, data_sha256, load_model_and_data
 from training.loop import checkpoint, optimizers, report
 from training.loop.metrics import MetricsCallback, ResumePoint
 from training.loop.progress import ProgressDisplay, done_line
 from training.loop.reporting import finish_reporting, missing_packages_problem, reporting_callback
-from training.loop.resume import Checkpointer, resume_from, resume_point
+from training.loop.resume import Checkpointer, resume_point
 from training.loop.watchdog import StallWatchdog
 from training.sharding import tensor_parallel
 
@@ -119,96 +113,7 @@ OUTPUT_FILES = (
 )
 
 
-# --- load ------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Loaded:
-    """What this rank trains: the model with its trainable layers, and the data."""
-
-    model: nn.Module
-    train_set: Any
-    valid: CacheDataset | None  # None: the data has no validation examples
-    test: Any  # the test split (empty unless config.test)
-    seconds: float  # how long loading took
-    layout: tensor_parallel.Layout  # how the trainable parameters lie across the ranks
-
-
-def load_data(config: FinetuneConfig, tokenizer: Any) -> tuple[Any, Any, Any]:
-    """The train, valid and test sets, read as mlx_lm lora reads them (a data folder in any of its
-    formats, or hf_dataset), each that is used sized for the global batch."""
-    settings = types.SimpleNamespace(**asdict(config))  # a copy: mlx-lm writes into hf_dataset's mappings
-    try:
-        train_set, valid_set, test_set = mlx_lm_load_dataset(settings, tokenizer)
-    except ValueError as error:  # mlx-lm's words for a data set it cannot take
-        raise ConfigError(f"data: {' '.join(str(error).split())}") from None
-    # mlx-lm's batching needs a whole global batch of each set.
-    for name, dataset in (("train", train_set), ("valid", valid_set), ("test", test_set)):
-        if 0 < len(dataset) < config.batch_size:
-            raise ConfigError(
-                f"data: the {name} split has {len(dataset)} examples, fewer than batch_size "
-                f"{config.batch_size}"
-            )
-    return train_set, valid_set, test_set
-
-
-def data_sha256(config: FinetuneConfig) -> str:
-    """What a checkpoint remembers of the data, so that a resume on other data is refused: train.jsonl's
-    digest, or (hf_dataset) the digest of every file of its folders, in order."""
-    if not config.hf_dataset:
-        return checkpoint.file_digest(Path(config.data) / "train.jsonl")
-    entries = [config.hf_dataset] if isinstance(config.hf_dataset, dict) else config.hf_dataset
-    files = [f for entry in entries for f in sorted(Path(entry["path"]).rglob("*")) if f.is_file()]
-    return hashlib.sha256("".join(checkpoint.file_digest(f) for f in files).encode()).hexdigest()
-
-
-def check_datasets_package(config: FinetuneConfig) -> None:
-    """hf_dataset is read with the datasets package, which the nodes' venv may lack."""
-    if config.hf_dataset and importlib.util.find_spec("datasets") is None:
-        raise ConfigError("hf_dataset is read with the datasets package, which this venv lacks: add "
-                          "python_env_extra_packages: ['datasets==5.2.0'] to the inventory's vars and run "
-                          "invoke provision (or pip install datasets==5.2.0)")
-
-
-def add_trainable_layers(model: nn.Module, config: FinetuneConfig) -> None:
-    """What fine_tune_type trains, as mlx_lm lora sets it up on a frozen model: LoRA or DoRA layers
-    on the last num_layers layers, or those layers' own weights (full)."""
-    if config.fine_tune_type == "full":
-        for layer in model.layers[-max(config.num_layers, 0):]:
-            layer.unfreeze()
-    else:
-        linear_to_lora_layers(model, config.num_layers, config.lora_parameters,
-                              use_dora=config.fine_tune_type == "dora")
-
-
-def load_model_and_data(config: FinetuneConfig, group: Any) -> Loaded:
-    """The model with its trainable layers (from resume_adapter_file's weights if given), and the
-    data. In tensor parallelism, this rank's shard of the model (training/sharding/tensor_parallel.py)."""
-    started = time.monotonic()
-    # Same seeds on every rank, after the model is built: the LoRA matrices start equal everywhere
-    # (mlx), and equal to one process's in tensor parallelism. The batch order has its own RNG from
-    # the same seed (training/data/batches.py); numpy's global one is seeded for anything else.
-    if config.parallel == "tensor":
-        model, tokenizer = tensor_parallel.load(config.model, group, config.num_layers,
-                                                config.lora_parameters, seed=config.seed,
-                                                dora=config.fine_tune_type == "dora")
-    else:
-        trusted = config.trust_remote_code
-        model, tokenizer = load(config.model, tokenizer_config={"trust_remote_code": trusted},
-                                trust_remote_code=trusted)
-        tensor_parallel.check_num_layers(model, config.num_layers)
-        mx.random.seed(config.seed)
-        model.freeze()
-        add_trainable_layers(model, config)
-    np.random.seed(config.seed)
-    train_set, valid_set, test_set = load_data(config, tokenizer)
-    # Tokenized once, on first use, for the training loop and the last validation alike.
-    valid = CacheDataset(valid_set) if len(valid_set) else None
-    layout = tensor_parallel.Layout.of(config.parallel, group, model)
-    if config.resume_adapter_file:
-        resume_from(model, config.resume_adapter_file, layout)
-    print_trainable_parameters(model)
-    return Loaded(model, train_set, valid, test_set, time.monotonic() - started, layout)
+# --- load: training/loading.py -------------------------------------------------------------------
 
 
 def write_settings(config: FinetuneConfig, validates: bool) -> None:

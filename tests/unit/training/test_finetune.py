@@ -22,6 +22,7 @@ from tests.unit.training.model.test_folder import tiny_model
 from tests.unit.training.test_distributed import FakeGroup
 from training import config as tc
 from training import finetune as ft
+from training import loading
 from training.loop import report
 
 REPO = Path(__file__).resolve().parents[3]
@@ -34,7 +35,7 @@ def test_main_stops_on_a_batch_the_ranks_cannot_share_before_loading_the_model(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ):
     monkeypatch.setattr(ft, "init_distributed", lambda environ, expected: FakeGroup(0, 4))
-    monkeypatch.setattr(ft, "load", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(loading, "load", lambda *a, **k: pytest.fail("the model was loaded"))
 
     assert ft.main(["--batch-size", "3"], environ={}) == 2
     assert (
