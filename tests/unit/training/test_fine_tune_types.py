@@ -121,6 +121,24 @@ def test_every_optimizer_resumes_exactly_with_gradient_accumulation(uneven_run: 
     assert max(mx.abs(w).max().item() for w in weights(whole).values()) > 1e-3
 
 
+def test_gradient_accumulation_composes_with_shares_and_micro_batches_on_two_ranks(uneven_run: Path):
+    """grad_accumulation_steps 2 on two ranks at shares 3:1 in micro-batches: the trainer accumulates
+    2 x 2 micro-batches per update, and the weights are one process's with the same accumulation."""
+    root = uneven_run
+    settings = ("--optimizer", "adam", "--grad-accumulation-steps", "2", "--iters", "10")
+    one = root / "accumulating-one"
+    ours(root, one, *settings)
+    two = root / "accumulating-two"
+    launch = [str(Path(sys.executable).parent / "mlx.launch"), "--backend", "ring", "-n", "2", "--"]
+    result = run_launcher([*launch, sys.executable, "-m", "training.finetune",
+                           *args(root, two, *settings, "--expected-world-size", "2", "--batch-shares", "3,1",
+                                 "--max-micro-batch", "2,0")], timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert max_difference(one, two) < 1e-4
+    # Checkpoints only where an update ends, the same as one process's.
+    assert sorted(p.name for p in (two / "checkpoints").iterdir()) == ["0000004", "0000008"]
+
+
 def test_gradient_accumulation_means_what_it_means_in_mlx_lm(uneven_run: Path):
     """grad_accumulation_steps 2 at batch 2: an update every 2 iterations, on their 4 examples' mean
     gradient; iterations count batches, and the schedule counts updates."""
