@@ -5,9 +5,9 @@
     mlx.launch --backend ring --hostfile hosts.json -- python -m training.finetune --config FILE
 
 Every rank runs this same command. Settings come from mlx-lm's defaults, overridden by the YAML file
-given with `--config` (any `mlx_lm lora` config file; `training/configs/lora.yaml` documents every
-key), overridden by the command line flags (mlx_lm lora's, one per key: `--batch-size 8`,
-`--grad-checkpoint` / `--no-grad-checkpoint`). What mlx-lm trains, this trains: `fine_tune_type`
+given with `--config` (any `mlx_lm lora` config file; without one, the demo's
+`training/configs/lora.yaml`, which documents every key), overridden by the command line flags
+(mlx_lm lora's, one per key: `--batch-size 8`, `--grad-checkpoint` / `--no-grad-checkpoint`). What mlx-lm trains, this trains: `fine_tune_type`
 lora, dora or full, with any of its optimizers (`optimizer`, `optimizer_config`), `lr_schedule`,
 `grad_accumulation_steps`, the test split (`test`), `report_to`, and its data formats.
 
@@ -74,6 +74,7 @@ from rich.console import Console
 
 from training.command_line import build_parser, cli_values
 from training.config import (
+    DEFAULT_CONFIG,
     ConfigError,
     FinetuneConfig,
     adapter_config,
@@ -410,8 +411,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         reconfigure(line_buffering=True)
     prefix = ""
     try:
-        file_values = load_config_file(args.config) if args.config else {}
-        config = merge_config(file_values, cli_values(args), source=args.config or "defaults")
+        # No settings file given: the demo's (invoke train's default), as the controller reads it.
+        settings_file = args.config or DEFAULT_CONFIG
+        file_values = load_config_file(settings_file)
+        config = merge_config(file_values, cli_values(args), source=str(settings_file))
         group = init_distributed(environ, args.expected_world_size)
         prefix = rank_prefix(group)
         if group.rank() == 0:
