@@ -7,9 +7,10 @@
 Every rank runs this same command. Settings come from mlx-lm's defaults, overridden by the YAML file
 given with `--config` (any `mlx_lm lora` config file; without one, the demo's
 `training/configs/lora.yaml`, which documents every key), overridden by the command line flags
-(mlx_lm lora's, one per key: `--batch-size 8`, `--grad-checkpoint` / `--no-grad-checkpoint`). What mlx-lm trains, this trains: `fine_tune_type`
-lora, dora or full, with any of its optimizers (`optimizer`, `optimizer_config`), `lr_schedule`,
-`grad_accumulation_steps`, the test split (`test`), `report_to`, and its data formats.
+(mlx_lm lora's, one per key: `--batch-size 8`, `--grad-checkpoint` / `--no-grad-checkpoint`).
+What mlx-lm trains, this trains: `fine_tune_type` lora, dora or full, with any of its optimizers
+(`optimizer`, `optimizer_config`), `lr_schedule`, `grad_accumulation_steps`, the test split
+(`test`), `report_to`, and its data formats.
 
 mlx-lm's trainer already does the data parallelism, so this module does not redo it: each rank gets
 its share of each global batch (`batch_size` is the GLOBAL batch; it is split into whole examples,
