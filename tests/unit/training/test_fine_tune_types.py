@@ -20,6 +20,7 @@ import pytest
 from mlx_lm import load
 
 from tests.unit.training.test_finetune import interrupted_copy, run_launcher
+from tests.unit.training.test_shares_training import adapters, max_difference
 from training import finetune as ft
 
 FINE_TUNE_TYPES = ("lora", "dora", "full")
@@ -45,21 +46,9 @@ def ours(root: Path, out: Path, *extra: str) -> str:
     return stdout.getvalue()
 
 
-def weights(run: Path) -> dict[str, mx.array]:
-    loaded = mx.load(str(run / "adapters.safetensors"))
-    assert isinstance(loaded, dict)
-    return loaded
-
-
-def max_difference(a: Path, b: Path) -> float:
-    first, second = weights(a), weights(b)
-    assert first.keys() == second.keys()
-    return max(mx.abs(first[name] - second[name]).max().item() for name in first)
-
-
 def moved(a: Path, base: Path) -> float:
     """How far a full fine-tune moved the layers from the base model's weights."""
-    trained = weights(a)
+    trained = adapters(a)
     original = {name: value for name, value in mx.load(str(base / "model.safetensors")).items()
                 if name in trained}
     return max(mx.abs(trained[name] - original[name]).max().item() for name in original)
@@ -118,7 +107,7 @@ def test_every_optimizer_resumes_exactly_with_gradient_accumulation(uneven_run: 
     assert "resuming from" in said and "(step 4 of 10)" in said
     diff = max_difference(whole, resumed)
     assert diff < 1e-6, diff
-    assert max(mx.abs(w).max().item() for w in weights(whole).values()) > 1e-3
+    assert max(mx.abs(w).max().item() for w in adapters(whole).values()) > 1e-3
 
 
 def test_gradient_accumulation_composes_with_shares_and_micro_batches_on_two_ranks(uneven_run: Path):
