@@ -3,7 +3,8 @@
 `FinetuneConfig` holds every key of `mlx_lm lora`'s config file, with mlx-lm's defaults and meanings
 (tests/unit/training/test_mlx_lm_config.py reads `mlx_lm.lora.CONFIG_DEFAULTS` and LORA.md from the
 installed package and checks every key against them), then this project's own keys for the
-cluster (`parallel`, `batch_shares`, `max_micro_batch`, `stall_timeout`, `save_rank_weights`).
+cluster (`parallel`, `batch_shares`, `max_micro_batch`, `dequantize_ranks`, `stall_timeout`,
+`save_rank_weights`).
 `merge_config` layers a file's values and the flags' values over the defaults, checking each against
 its type, and reads this project's older key names (training/older_keys.py); `config_problems` says
 everything wrong with the result at once, for the world size the run has. `adapter_config` is
@@ -28,6 +29,7 @@ import yaml
 
 from training import older_keys
 from training.data import shares
+from training.model import quantization
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "lora.yaml"
 FINE_TUNE_TYPES = ("lora", "dora", "full")
@@ -111,6 +113,10 @@ class FinetuneConfig:
         default=None,
         metadata=_help("most examples a rank runs at once (one per rank, or one for all; 0: no limit): "
                        "a larger share runs as micro-batches, gradients accumulated"))
+    dequantize_ranks: str | None = field(
+        default=None,
+        metadata=_help("ranks that dequantize a quantized model as they load it (e.g. 0,2; from the "
+                       "inventory's model_dequantize); none: every rank trains on its quantized weights"))
     stall_timeout: int = field(
         default=30,
         metadata=_help("seconds without progress after which a rank stops (a node or link is gone)"))
@@ -119,7 +125,8 @@ class FinetuneConfig:
 
 
 CONFIG_KEYS = tuple(f.name for f in dataclasses.fields(FinetuneConfig))
-PROJECT_KEYS = ("parallel", "batch_shares", "max_micro_batch", "stall_timeout", "save_rank_weights")
+PROJECT_KEYS = ("parallel", "batch_shares", "max_micro_batch", "dequantize_ranks", "stall_timeout",
+                "save_rank_weights")
 KEY_TYPES = typing.get_type_hints(FinetuneConfig)
 DEFAULTS = FinetuneConfig()
 
@@ -226,6 +233,8 @@ def _coerce(key: str, value: Any, source: str) -> Any:
             return value
         raise ConfigError(f"{source}: hf_dataset must be a mapping (path, train_split, ...) or a list of "
                           f"them, got {_shown(value)}")
+    if key == "dequantize_ranks" and isinstance(value, list):  # YAML's [0, 2]
+        value = ",".join(str(_integer(key, rank, source)) for rank in value)
     if key == "clear_cache_threshold" and isinstance(value, str):
         try:
             return parse_size(value)
@@ -358,6 +367,7 @@ def config_problems(config: FinetuneConfig, world_size: int = 1) -> list[str]:
     if config.report_to:  # read as mlx-lm reads it: comma separated, any case
         for name in (n.strip().lower() for n in config.report_to.split(",") if n.strip()):
             problems += _choice("report_to", name, REPORTERS)
+    problems += quantization.rank_problems(config.dequantize_ranks, world_size)
     if config.parallel == "tensor":
         problems += tensor_problems(config, world_size)
     if config.batch_size >= 1:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -188,6 +188,7 @@ class RankChecks:
     gradient_sync_seconds: float  # one all-reduce of the gradients, timed alone
     rank_tokens: list[int]  # tokens each rank trained on, in rank order
     peak_memory_gb: list[float]  # each rank's peak memory, in rank order
+    base_weights: list[str] = field(default_factory=list)  # each rank's, in rank order (quantized or not)
 
 
 def per_rank(value: float, group: Any) -> list[float]:
@@ -198,14 +199,35 @@ def per_rank(value: float, group: Any) -> list[float]:
     return [float(v) for v in mx.distributed.all_gather(mine, group=group, stream=mx.cpu).tolist()]
 
 
-def check_ranks(model: nn.Module, group: Any, trained_tokens: int, layout: Any) -> RankChecks:
+def per_rank_text(text: str, group: Any) -> list[str]:
+    """Every rank's `text`, in rank order (collectives): its UTF-8 bytes, padded to the longest."""
+    if group.size() == 1:
+        return [text]
+    mine = text.encode()
+    longest = max(1, round(max(per_rank(len(mine), group))))
+    padded = mx.array(list(mine.ljust(longest, b"\0")), dtype=mx.uint8)
+    gathered = mx.distributed.all_gather(padded[None], group=group, stream=mx.cpu)
+    return [bytes(row).rstrip(b"\0").decode() for row in gathered.tolist()]
+
+
+def check_ranks(
+    model: nn.Module, group: Any, trained_tokens: int, layout: Any, base_weights: str = "float"
+) -> RankChecks:
     """Compare the ranks after training: collectives, called by every rank in the same order.
     `trained_tokens`: the tokens this rank trained on. `layout` (training/sharding/tensor_parallel.py): which
-    weights every rank holds whole, and the ranks that average gradients."""
+    weights every rank holds whole, and the ranks that average gradients. `base_weights`: this rank's
+    (training/model/quantization.py), gathered for the summary."""
     # Every rank must end with the same replicated LoRA weights (mlx-lm averages the gradients in
     # data parallelism; in tensor parallelism they get equal gradients): check it.
     spread = weight_spread_across_ranks(layout.replicated(model), group)
     openblas = ranks_with_openblas(group)
     tokens = [round(t) for t in per_rank(trained_tokens, group)]
     peaks = per_rank(mx.get_peak_memory() / 1e9, group)
-    return RankChecks(spread, openblas, gradient_sync_seconds(model, layout.data_group), tokens, peaks)
+    return RankChecks(
+        spread,
+        openblas,
+        gradient_sync_seconds(model, layout.data_group),
+        tokens,
+        peaks,
+        per_rank_text(base_weights, group),
+    )

@@ -28,10 +28,11 @@ A run, and the module that does each part:
    check that the ranks MLX joined are as many as expected (`--expected-world-size`, or the size
    the launcher announces), instead of N processes each silently training alone
    (`training/distributed.py`);
-3. load the model, add the LoRA or DoRA layers (or unfreeze the layers, full) with the same seeds on
-   every rank (the LoRA init and dropout), load the data as mlx-lm does (`training/loading.py`); a
-   batch order that depends on the seed alone (`training/data/batches.py`), the same on every rank
-   and after a resume;
+3. load the model (a quantized one kept so, QLoRA, or dequantized on the ranks `dequantize_ranks`
+   names: `training/model/quantization.py`), add the LoRA or DoRA layers (or unfreeze the layers,
+   full) with the same seeds on every rank (the LoRA init and dropout), load the data as mlx-lm
+   does (`training/loading.py`); a batch order that depends on the seed alone
+   (`training/data/batches.py`), the same on every rank and after a resume;
 4. train with mlx-lm's loop: on rank 0 a progress bar, or plain lines when stdout is not a
    terminal, as under mpirun (`training/loop/progress.py`), and `metrics.jsonl` (`training/loop/metrics.py`);
 5. summarize on rank 0: `summary.json` and `loss.png` (`training/loop/report.py`), next to the adapters,
@@ -322,6 +323,7 @@ def write_summary(
         summary["test_loss"] = test_loss
         summary["test_ppl"] = math.exp(test_loss)
     summary["peak_memory_gb_per_rank"] = checks.peak_memory_gb
+    summary["base_weights_per_rank"] = checks.base_weights  # quantized, dequantized at load, or float
     cut = batch_plan(config, len(checks.rank_tokens))
     # In tensor parallelism the ranks compute the batch together, as one data rank.
     summary["batch"] = report.batch_split(
@@ -389,7 +391,7 @@ def run(
     watchdog.start()
     try:
         trained = train(config, group, loaded, optimizer, callback, display, first_step)
-        checks = check_ranks(loaded.model, group, trained.tokens, loaded.layout)
+        checks = check_ranks(loaded.model, group, trained.tokens, loaded.layout, loaded.base_weights)
     finally:
         watchdog.stop()
         finish_reporting(callback)

@@ -1,7 +1,8 @@
 """What a rank trains, loaded as `mlx_lm lora` loads it: the model with its trainable layers, and the data.
 
-The model (this rank's shard of it in tensor parallelism, training/sharding/tensor_parallel.py) gets
-the layers `fine_tune_type` trains: LoRA or DoRA layers on its last `num_layers` layers, or those
+The model (this rank's shard of it in tensor parallelism, training/sharding/tensor_parallel.py), a
+quantized one dequantized first on the ranks `dequantize_ranks` names (training/model/quantization.py),
+gets the layers `fine_tune_type` trains: LoRA or DoRA layers on its last `num_layers` layers, or those
 layers' own weights (full), with the same seeds on every rank; then the weights of
 `resume_adapter_file`, if given. The data is read by mlx-lm's own loader: a folder in any of its
 formats, or `hf_dataset` (with the `datasets` package, which a node's venv may lack).
@@ -28,6 +29,7 @@ from mlx_lm.tuner.utils import linear_to_lora_layers, print_trainable_parameters
 from training.config import ConfigError, FinetuneConfig
 from training.loop import checkpoint
 from training.loop.resume import resume_from
+from training.model import quantization
 from training.sharding import tensor_parallel
 
 
@@ -41,6 +43,7 @@ class Loaded:
     test: Any  # the test split (empty unless config.test)
     seconds: float  # how long loading took
     layout: tensor_parallel.Layout  # how the trainable parameters lie across the ranks
+    base_weights: str = quantization.FLOAT  # what this rank's base weights are: quantization.describe
 
 
 def load_data(config: FinetuneConfig, tokenizer: Any) -> tuple[Any, Any, Any]:
@@ -90,6 +93,21 @@ def add_trainable_layers(model: nn.Module, config: FinetuneConfig) -> None:
                               use_dora=config.fine_tune_type == "dora")
 
 
+def load_base(config: FinetuneConfig, group: Any) -> tuple[nn.Module, Any, str]:
+    """The whole model as mlx-lm loads it, dequantized if this rank is one of dequantize_ranks; its
+    tokenizer; and its base weights in a few words. A quantized model that full cannot train here
+    (mlx keeps its packed weights frozen) is refused."""
+    trusted = config.trust_remote_code
+    model, tokenizer, model_config = load(config.model, tokenizer_config={"trust_remote_code": trusted},
+                                          trust_remote_code=trusted, return_config=True)
+    ranks = quantization.parse_ranks(config.dequantize_ranks)
+    if problem := quantization.full_problem(model_config, config.fine_tune_type, group.size(), ranks):
+        raise ConfigError(problem)
+    model, base_weights = quantization.dequantized_if_asked(model, model_config, group.rank(), ranks)
+    mx.eval(model.parameters())  # dequantized now, as the rest was loaded
+    return model, tokenizer, base_weights
+
+
 def load_model_and_data(config: FinetuneConfig, group: Any) -> Loaded:
     """The model with its trainable layers (from resume_adapter_file's weights if given), and the
     data. In tensor parallelism, this rank's shard of the model (training/sharding/tensor_parallel.py)."""
@@ -98,13 +116,12 @@ def load_model_and_data(config: FinetuneConfig, group: Any) -> Loaded:
     # (mlx), and equal to one process's in tensor parallelism. The batch order has its own RNG from
     # the same seed (training/data/batches.py); numpy's global one is seeded for anything else.
     if config.parallel == "tensor":
-        model, tokenizer = tensor_parallel.load(config.model, group, config.num_layers,
-                                                config.lora_parameters, seed=config.seed,
-                                                dora=config.fine_tune_type == "dora")
+        dequantize_ranks = quantization.parse_ranks(config.dequantize_ranks)
+        model, tokenizer, base_weights = tensor_parallel.load(
+            config.model, group, config.num_layers, config.lora_parameters, seed=config.seed,
+            dora=config.fine_tune_type == "dora", dequantize_ranks=dequantize_ranks)
     else:
-        trusted = config.trust_remote_code
-        model, tokenizer = load(config.model, tokenizer_config={"trust_remote_code": trusted},
-                                trust_remote_code=trusted)
+        model, tokenizer, base_weights = load_base(config, group)
         tensor_parallel.check_num_layers(model, config.num_layers)
         mx.random.seed(config.seed)
         model.freeze()
@@ -117,4 +134,4 @@ def load_model_and_data(config: FinetuneConfig, group: Any) -> Loaded:
     if config.resume_adapter_file:
         resume_from(model, config.resume_adapter_file, layout)
     print_trainable_parameters(model)
-    return Loaded(model, train_set, valid, test_set, time.monotonic() - started, layout)
+    return Loaded(model, train_set, valid, test_set, time.monotonic() - started, layout, base_weights)

@@ -62,6 +62,9 @@ class Node:
     # the most examples a rank of it runs at once (0: no limit); mlxcluster/launch/batch_shares.py.
     batch_share: float | str | None = None
     max_micro_batch: int = 0
+    # Its ranks dequantize a quantized model as they load it (memory for speed), as its inventory's
+    # model_dequantize says; mlxcluster/launch/quantized.py. A quantized model stays so by default.
+    model_dequantize: bool = False
 
     @property
     def management_address(self) -> str:

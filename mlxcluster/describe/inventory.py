@@ -254,6 +254,7 @@ def inventory_errors(groups: Mapping[str, Sequence[str]],
 
     errors += _cluster_link_errors(groups, cluster, hostvars)
     errors += cluster_share_errors(cluster, hostvars)
+    errors += [e for host in cluster if (e := dequantize_error(host, hostvars.get(host, {})))]
 
     launchers = list(groups.get("launcher") or [])
     if not launchers:
@@ -307,6 +308,7 @@ def _ranked(groups: Mapping[str, Sequence[str]], hostvars: Mapping[str, Mapping[
 # What Ansible resolves for the checks and the topology, per host.
 LINK_KEYS = ("thunderbolt_ip", "thunderbolt_prefix", "thunderbolt_interface", "thunderbolt_mtu")
 SHARE_KEYS = ("batch_share", "max_micro_batch")  # a node's weight in each global batch, its cap
+MODEL_KEYS = ("model_dequantize",)  # whether its ranks dequantize a quantized model as they load it
 TOPOLOGY_KEYS = ("thunderbolt_topology", "thunderbolt_links", "thunderbolt_link_pool", "cluster_backend")
 
 
@@ -399,3 +401,27 @@ def cluster_share_errors(hosts: Sequence[str], hostvars: Mapping[str, Mapping[st
         errors.append(f"batch_share is auto on {', '.join(auto)} but a number on {', '.join(numbers)}: "
                       "use auto on every node (weights from the calibration) or numbers on every node")
     return errors
+
+
+# --- the model: a node's ranks dequantize a quantized model as they load it -------------------------
+
+
+def dequantize_value(raw: Any) -> bool:
+    """A node's model_dequantize: true or false (false when not set; `-e` gives the words as
+    strings); a ValueError says what to set."""
+    if raw is None or isinstance(raw, bool):
+        return bool(raw)
+    if isinstance(raw, str) and raw.strip().lower() in ("true", "false"):
+        return raw.strip().lower() == "true"
+    raise ValueError(f"model_dequantize {raw!r} must be true or false (true: this node's ranks "
+                     "dequantize a quantized model as they load it, trading memory for speed; false, "
+                     "the default: they train on its quantized weights)")
+
+
+def dequantize_error(host: str, hv: Mapping[str, Any]) -> str | None:
+    """What is wrong with a node's model_dequantize (None: fine)."""
+    try:
+        dequantize_value(hv.get("model_dequantize"))
+    except ValueError as error:
+        return f"{host}: {error}"
+    return None

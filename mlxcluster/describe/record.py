@@ -140,6 +140,8 @@ def node_settings(name: str, hostvars: Mapping[str, Any], launcher: str,
         # Validation has checked both (mlxcluster/launch/batch_shares.py).
         "batch_share": inventory.share_value(get("batch_share")),
         "max_micro_batch": inventory.micro_batch_value(get("max_micro_batch")),
+        # Validation has checked it too (mlxcluster/launch/quantized.py).
+        "model_dequantize": inventory.dequantize_value(get("model_dequantize")),
         "connection": {
             "type": get("ansible_connection", "ssh"),
             "host": get("ansible_host", name),

@@ -28,6 +28,7 @@ from mlxcluster.launch import (
     builder,
     hf_datasets,
     parallel,
+    quantized,
     relay,
     runs,
     shipment,
@@ -128,13 +129,18 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
     # A dry run before the default model is fetched still knows how it shards (its pinned shape).
     parallel.check(cluster, request.model, request.parallel,
                    request.pending_shape if "model" in request.pending else None)
+    model_config = quantized.model_config(request.model,
+                                          request.pending_shape if "model" in request.pending else None)
     overrides = run_settings.user_flags(request.overrides)
     overrides += sent.flags  # after the user's settings: the same inputs, at the nodes' paths
     shared = batch_shares.for_run(cluster, request.config, overrides, request.calibration)
-    # The shares go before the user's flags: a --batch-shares of theirs wins.
-    overrides = [*(shared.args if shared else []), *overrides]
+    dequantizing = quantized.args(cluster, model_config, request.config, overrides)
+    # The shares and the ranks that dequantize go before the user's flags: theirs win.
+    overrides = [*(shared.args if shared else []), *dequantizing, *overrides]
     # The ranks' own rules, here: settings they would refuse stop the run before anything is sent.
-    run_settings.check(request.config, overrides, cluster.world_size)
+    settings = run_settings.check(request.config, overrides, cluster.world_size)
+    quantized.check(model_config, settings, cluster.world_size)
+    base = quantized.base_weights(cluster, model_config, settings, from_inventory=bool(dequantizing))
     program = finetune_argv(model=placed.model, data=placed.data, adapter_path=run_dir,
                             config=placed.config, resume=resume, world_size=cluster.world_size,
                             overrides=overrides)
@@ -145,13 +151,14 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
                      interactive=request.interactive, mlx_envs=request.mlx_envs)
     said = [*([f"backend {backend}: {choice.why}"] if choice.why else []),
             *([shares_line(shared)] if shared else []),
+            *([base.line] if base else []),
             *([tensor] if (tensor := parallel.line(cluster, request.parallel)) else [])]
     launch = builder.command(cluster, job)
     return Plan(cluster, request, run_id, resume, backend, steps, launch,
                 sync.pull(cluster.head, run_dir, RUNS / run_id), backend_why=choice.why, shares=shared,
                 said=tuple(said),
                 record={**run_record(cluster, request, inventory, backend, choice.why, shared, launch),
-                        **sent.here})
+                        **sent.here, "base_weights": base.per_node if base else None})
 
 
 @dataclass(frozen=True)

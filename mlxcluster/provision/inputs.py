@@ -57,13 +57,15 @@ def prepare_data(input: str | Path = DEMO_DATA, output: str | Path = DEMO_DATA_D
 
 
 def fetch_model(source: str = DEFAULT_MODEL, output: str | Path | None = None,
-                dtype: str | None = None) -> Path:
-    """The model in a directory on the controller (training/model/folder.py fetch): its path."""
+                dtype: str | None = None, dequantize: bool = False) -> Path:
+    """The model in a directory on the controller (training/model/folder.py fetch): its path. A
+    quantized model stays quantized unless `dequantize` asks otherwise."""
     dtype = dtype or controller_dtype()
     out = Path(output) if output else (
         default_model_dir(dtype) if source == DEFAULT_MODEL else MODELS / Path(source).name)
     local.python_module("training.model", ["fetch", "--source", source, "--output", str(out),
-                                           "--dtype", dtype])
+                                           "--dtype", dtype,
+                                           "--dequantize" if dequantize else "--no-dequantize"])
     return out
 
 

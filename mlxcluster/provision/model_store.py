@@ -2,9 +2,12 @@
 
 The Ansible `model` role (roles/model) runs `python -m mlxcluster.provision.model_store ensure ...` on the
 controller. It fetches `cluster_model` with training/model/folder.py's fetch (which writes the sha256
-manifest) unless the cache already holds it: same source, dtype and dequantizing, and for a local
-directory nothing in it newer than the cached copy. It prints what the role needs as one JSON
+manifest) unless the cache already holds it: same source and dtype, its quantization kept, and for a
+local directory nothing in it newer than the cached copy. It prints what the role needs as one JSON
 object: the copy's path and name, its size and its manifest's digest. A second run fetches nothing.
+
+A quantized model stays quantized here, on every node and into the run: a node whose inventory says
+`model_dequantize: true` dequantizes it as it loads (mlxcluster/launch/quantized.py), never the store.
 """
 
 from __future__ import annotations
@@ -26,15 +29,15 @@ from training.model.manifest import MANIFEST, manifest_sha256, model_files, read
 DTYPES = ("auto", "float16", "bfloat16", "float32")
 
 
-def policy(dtype: str, linux_trains: bool) -> tuple[str, bool]:
-    """The dtype and whether quantized weights are dequantized. `auto`: float16 when only Macs
-    train, float32 as soon as a Linux node does; a Linux node also gets quantized weights
-    dequantized (16-bit and 4-bit matmuls are slow on Linux CPUs)."""
+def policy(dtype: str, linux_trains: bool) -> str:
+    """The dtype of float weights. `auto`: float16 when only Macs train, float32 as soon as a
+    Linux node does (16-bit matmuls are slow on Linux CPUs). Quantized weights are never
+    dequantized here: that is the inventory's choice per node (model_dequantize), made at load."""
     if dtype not in DTYPES:
         raise UserError(f"cluster_model_dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
     if dtype == "auto":
         dtype = inputs.dtype_for(["Debian"] if linux_trains else ["Darwin"])
-    return dtype, linux_trains
+    return dtype
 
 
 def normalized_source(source: str) -> str:
@@ -59,10 +62,14 @@ def cache_dir(source: str, dtype: str, into: Path = MODELS) -> Path:
     return into / name
 
 
-def is_cached(copy: Path, source: str, dtype: str, dequantize: bool) -> bool:
+def is_cached(copy: Path, source: str, dtype: str) -> bool:
+    """Whether `copy` is the model fetched from `source` in `dtype`, quantization kept."""
     manifest = read_manifest(copy)
-    if manifest is None or (manifest.get("source"), manifest.get("dtype"), manifest.get("dequantize")) != (
-            source, dtype, str(dequantize).lower()):
+    if manifest is None or (manifest.get("source"), manifest.get("dtype")) != (source, dtype):
+        return False
+    # Fetched when a Linux node dequantized (the older policy): fetched again, kept quantized. A
+    # float model fetched so was copied or cast all the same, and is kept.
+    if str(manifest.get("weights", "")).startswith("dequantized"):
         return False
     if Path(source).is_dir():  # a local directory edited since: fetch it again
         fetched = (copy / MANIFEST).stat().st_mtime
@@ -74,16 +81,16 @@ def ensure(source: str, dtype: str = "auto", *, linux_trains: bool, into: Path =
            check: bool = False, what: str | None = None) -> dict[str, Any]:
     """The model in the controller's cache, fetched when it is not there (not with `check`)."""
     source = normalized_source(source)
-    dtype, dequantize = policy(dtype, linux_trains)
+    dtype = policy(dtype, linux_trains)
     copy = cache_dir(source, dtype, Path(into))
-    changed = not is_cached(copy, source, dtype, dequantize)
+    changed = not is_cached(copy, source, dtype)
     if changed and not check:
         from training.model.folder import fetch
         from training.model.gguf import FetchError
 
         try:
             with contextlib.redirect_stdout(sys.stderr):  # stdout is the JSON answer
-                fetch(source, copy, dtype, dequantize=dequantize)
+                fetch(source, copy, dtype, dequantize=False)
         except FetchError as e:
             raise UserError(f"{what or f'cluster_model {source!r}'}: {e}") from None
     present = copy.is_dir()
@@ -105,7 +112,8 @@ def for_run(given: str, *, linux_trains: bool, fetch: bool = True, into: Path = 
     """The model folder for invoke train's `--model` (or the config's `model:`), as mlx-lm takes it:
     a folder invoke model.fetch made (it has a manifest) as it is; a stock mlx-lm folder or a
     Hugging Face id fetched once into the cache, as provisioning fetches `cluster_model` (a checked
-    copy with a manifest, in the nodes' dtype), and that copy reused while its source is unchanged."""
+    copy with a manifest, in the nodes' dtype, a quantized model kept quantized), and that copy reused
+    while its source is unchanged."""
     if (Path(given) / MANIFEST).is_file():
         return RunModel(Path(given))
     from training.model.folder import looks_like_repo_id, missing_files  # mlx: only here
@@ -120,9 +128,9 @@ def for_run(given: str, *, linux_trains: bool, fetch: bool = True, into: Path = 
                         "mlx-lm model folder or a Hugging Face id")
     source = str(Path(given).resolve()) if Path(given).is_dir() else given
     if not fetch:
-        dtype, dequantize = policy("auto", linux_trains)
+        dtype = policy("auto", linux_trains)
         copy = cache_dir(source, dtype, Path(into))
-        return RunModel(copy, given, pending=not is_cached(copy, source, dtype, dequantize))
+        return RunModel(copy, given, pending=not is_cached(copy, source, dtype))
     found = ensure(source, linux_trains=linux_trains, into=into, check=True)
     if found["changed"]:
         print(f"==> model {shown(given)}: fetching it once into {found['path']} (a checked copy with a "
@@ -148,8 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                      help="smollm2 (default), a local model directory or a Hugging Face repo id")
     cmd.add_argument("--dtype", default="auto", help=f"one of {', '.join(DTYPES)}")
     cmd.add_argument("--linux", action=argparse.BooleanOptionalAction, default=False,
-                     help="a Linux node trains (dtype auto is then float32, quantized models are "
-                          "dequantized)")
+                     help="a Linux node trains (dtype auto is then float32; quantized models stay "
+                          "quantized)")
     cmd.add_argument("--into", type=Path, default=MODELS, help="the cache directory (models/)")
     cmd.add_argument("--check", action="store_true", help="say whether it would fetch; fetch nothing")
     args = parser.parse_args(argv)

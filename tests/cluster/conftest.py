@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import json
 import os
 import shutil
 import subprocess
@@ -19,6 +20,7 @@ import yaml
 
 from mlxcluster import local
 from mlxcluster.lab import hosts
+from mlxcluster.launch import runs
 from mlxcluster.provision import ansible
 
 REPO = Path(__file__).resolve().parents[2]
@@ -161,6 +163,44 @@ def tiny_inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     model_dir = model_tools.fetch(str(tmp / "tiny-src"), tmp / "tiny", dtype="float32")
     prepare(REPO / "training/data/pirate.jsonl", tmp / "pirate")
     return model_dir, tmp / "pirate"
+
+
+@pytest.fixture(scope="session")
+def tiny_quantized_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny 4-bit llama (group 32) as `mlx_lm convert -q` writes one, fetched as it stays: packed.
+    Its 3 key-value groups and 5 MLP quantization groups split unevenly on 2 ranks (2 and 1; 3
+    and 2) and on 3 (1 each; 2, 2 and 1)."""
+    from tests.unit.training.model.test_folder import tiny_model
+    from training.model import folder as model_tools
+
+    tmp = tmp_path_factory.mktemp("tiny-4bit")
+    tiny_model(tmp / "tiny-4bit-src", quantized=True, hidden_size=192, num_attention_heads=6,
+               num_key_value_heads=3, intermediate_size=160)
+    return model_tools.fetch(str(tmp / "tiny-4bit-src"), tmp / "tiny-4bit", dtype="float32")
+
+
+def assert_tensor_qlora_is_one_process(cluster: LabCluster, model_dir: Path, data_dir: Path, out: Path,
+                                       ranks: int) -> None:
+    """`invoke train --parallel tensor` on a 4-bit model: every rank holds packed shards, and the
+    gathered adapters and losses are one process's QLoRA on the same global batches."""
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "invoke"), "train", "-i", str(cluster.inventory), "--parallel",
+         "tensor", "--model", str(model_dir), "--data", str(data_dir), "--iters", "4", "--batch-size", "2",
+         "--extra", "--steps-per-report 2 --steps-per-eval 4 --val-batches 1 --max-seq-length 256 "
+         "--learning-rate 1e-3 --num-layers -1"],
+        cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = runs.named_in(proc.stdout)
+    assert run_dir is not None, proc.stdout[-3000:]
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["world_size"] == ranks and summary["parallel"] == "tensor"
+        assert summary["base_weights_per_rank"] == ["4-bit affine, group 32"] * ranks
+        reference = one_process_run(run_dir, model_dir, data_dir, out)
+        print(f"{ranks} tensor-parallel QLoRA ranks against 1 process: "
+              f"{assert_trains_as_one_process(run_dir, reference):.3g}")
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 # --- checks that do not trust the run's own figures ------------------------------------------------

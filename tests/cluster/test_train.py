@@ -28,6 +28,7 @@ from mlxcluster.launch import runs
 from tests.cluster.conftest import (
     LabCluster,
     assert_equal_across_ranks,
+    assert_tensor_qlora_is_one_process,
     assert_trains_as_one_process,
     one_process_run,
     rank_weights,
@@ -183,6 +184,11 @@ def test_ring_backend_trains_a_sharded_model_with_mlx_launch_and_the_rendered_ho
         assert {w.shape for name, w in adapters.items() if name.endswith("q_proj.lora_b")} == {(8, hidden)}
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def test_two_nodes_each_holding_packed_shards_of_a_4_bit_model_train_one_process_s_qlora(
+        provisioned, tiny_quantized_model, tiny_inputs, tmp_path):
+    assert_tensor_qlora_is_one_process(provisioned, tiny_quantized_model, tiny_inputs[1], tmp_path / "one", 2)
 
 
 def test_dry_run_touches_no_host(provisioned):

@@ -26,6 +26,7 @@ from tests.cluster.conftest import (
     TEST_LAB_ID,
     LabCluster,
     assert_equal_across_ranks,
+    assert_tensor_qlora_is_one_process,
     assert_trains_as_one_process,
     one_process_run,
     rank_weights,
@@ -132,6 +133,11 @@ def test_ring_training_runs_over_every_cable(cabled, tiny_inputs, tmp_path):
         assert not quiet, f"cables that carried no training traffic: {quiet} ({moved})"
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def test_three_nodes_each_holding_packed_shards_of_a_4_bit_model_train_one_process_s_qlora(
+        cabled, tiny_quantized_model, tiny_inputs, tmp_path):
+    assert_tensor_qlora_is_one_process(cabled, tiny_quantized_model, tiny_inputs[1], tmp_path / "one", 3)
 
 
 def test_mpi_trains_over_a_full_mesh_of_cables(cabled, tiny_inputs):

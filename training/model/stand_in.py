@@ -10,6 +10,7 @@ ranks compute what one process does.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -58,14 +59,19 @@ def shape_for(ranks: int) -> dict[str, Any]:
     return {"num_attention_heads": heads, "num_key_value_heads": heads, "hidden_size": 16 * heads}
 
 
-def make(path: Path, *, quantized: bool = False, seed: int = 0, **changes: Any) -> nn.Module:
-    """Save a stand-in model to `path` (float32, or 4-bit), `changes` made to SHAPE; the model."""
+def make(path: Path, *, quantized: bool = False, bits: int = 4, group_size: int = 32,
+         per_layer: Mapping[str, Any] | None = None, seed: int = 0, **changes: Any) -> nn.Module:
+    """Save a stand-in model to `path` (float32, or quantized as `mlx_lm convert -q` does, with
+    `bits` and `group_size`, and `per_layer` its mixed quantization: a layer's path to its own
+    settings, or False to leave it float), `changes` made to SHAPE; the model."""
     mx.random.seed(seed)
     config: dict[str, Any] = SHAPE | changes
     model = Model(ModelArgs.from_dict(config))
     if quantized:
-        nn.quantize(model, group_size=32, bits=4)
-        config["quantization"] = {"group_size": 32, "bits": 4}
+        own = dict(per_layer or {})
+        nn.quantize(model, group_size=group_size, bits=bits,
+                    class_predicate=lambda p, m: own.get(p, True) if hasattr(m, "to_quantized") else False)
+        config["quantization"] = {"group_size": group_size, "bits": bits, **own}
     mx.eval(model.parameters())
     path.mkdir(parents=True, exist_ok=True)
     save_model(path, model)

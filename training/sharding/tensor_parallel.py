@@ -29,7 +29,7 @@ The data side is one data-parallel rank: every rank computes the same whole batc
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,7 +51,9 @@ from mlx_lm.utils import _get_classes
 
 from training.config import ConfigError
 from training.distributed import DistributedError, detect_launch
-from training.sharding import head_groups, vocab_parallel
+from training.model import quantization
+from training.sharding import head_groups, quantized, vocab_parallel
+from training.sharding.parts import bounds
 
 # What a model's own shard() splits into equal parts, one per rank.
 SHARDED_SIZES = ("num_attention_heads", "num_key_value_heads", "intermediate_size")
@@ -148,7 +150,7 @@ class ShardedDoRALinear(ShardedLoRALinear):
         return mx.sqrt(squares)
 
     def __call__(self, x: mx.array) -> mx.array:
-        weight = self.linear["weight"]
+        weight = quantized.float_weight(self.linear)  # a quantized base's dequantized, as mlx-lm's DoRA does
         if self.column:
             y = sum_gradients(self.group)(x) @ weight.T
         else:
@@ -183,7 +185,7 @@ def shard_problems(
                 "has no shard() for its architecture; train it with --parallel data"]
     undivided = _undivided(config, ranks)
     if not undivided or head_groups.splits(config, ranks):
-        return []
+        return quantized.problems(config, ranks, name)
     groups = config.get("num_key_value_heads") or config.get("num_attention_heads")
     problem = f"model {name}: {', '.join(undivided)}, which {ranks} ranks do not divide, and "
     if not isinstance(groups, int) or groups < 2:
@@ -214,14 +216,17 @@ def check_num_layers(model: nn.Module, num_layers: int) -> None:
 
 def load(
     model_name: str, group: Any, num_layers: int, lora_parameters: dict[str, Any], seed: int,
-    dora: bool = False,
-) -> tuple[nn.Module, Any]:
-    """This rank's shard of the model with its LoRA (or DoRA) layers, and the tokenizer. They are
-    placed and initialized as mlx-lm does for one process that seeds mx.random with `seed` once its
-    model is built."""
+    dora: bool = False, dequantize_ranks: Sequence[int] = (),
+) -> tuple[nn.Module, Any, str]:
+    """This rank's shard of the model with its LoRA (or DoRA) layers, the tokenizer, and its base
+    weights in a few words. They are placed and initialized as mlx-lm does for one process that
+    seeds mx.random with `seed` once its model is built. A quantized model is sharded packed, and
+    its shards dequantized on `dequantize_ranks` (the cuts are the packed model's on every rank)."""
     model, tokenizer, config = mlx_lm_load(model_name, lazy=True, return_config=True)
     if problems := shard_problems(config, group.size(), model_name, hasattr(model, "shard")):
         raise ConfigError("cannot train with parallel: tensor:\n  " + "\n  ".join(problems))
+    dequantizing = quantization.is_quantized(config) and group.rank() in set(dequantize_ranks)
+    dtype = quantization.float_dtype(model) if dequantizing else None
     check_num_layers(model, num_layers)
     mx.random.seed(seed)
     model.freeze()
@@ -238,20 +243,26 @@ def load(
         for path, lora in loras.items()
     ]))
     vocab_parallel.shard_vocab(model, group)
+    if dtype is not None:
+        quantized.dequantize_shards(model, dtype)
     model.freeze()
     model.unfreeze(keys=["lora_a", "lora_b", *(["m"] if dora else [])], strict=False)
     high, low = after_init.tolist()
     mx.random.seed((high << 32) | low)
     _evaluate_by_layer(model)
-    return model, tokenizer
+    return model, tokenizer, quantization.base_weights(config, dtype)
 
 
 def _shard(model: nn.Module, config: Mapping[str, Any], group: Any) -> dict[int, tuple[int, int]]:
     """Split the model across `group`: by its own shard() when the ranks divide its heads and MLP,
     else by whole key-value head groups (training/sharding/head_groups.py). The part each layer sharded
     that way holds, by the layer's id (none: the model's own shard(), equal parts)."""
-    if not _undivided(config, group.size()):
+    packed = any(quantized.is_packed(m) for _, m in model.named_modules())
+    # A quantized llama-family model is cut by head groups and whole quantization groups, which are
+    # equal parts when they can be: the model's own shard() cuts the packed inputs blindly.
+    if not _undivided(config, group.size()) and (not packed or head_groups.fits(model) is not None):
         model.shard(group)
+        _check_packed_cuts(model)
         return {}
     if why := head_groups.fits(model):
         raise ConfigError(f"the {group.size()} ranks do not divide the attention heads of this model, "
@@ -259,10 +270,23 @@ def _shard(model: nn.Module, config: Mapping[str, Any], group: Any) -> dict[int,
     return {id(layer): part for layer, part in head_groups.shard(model, group)}
 
 
+def _check_packed_cuts(model: nn.Module) -> None:
+    """Stop when the model's own shard() cut a quantized layer's inputs inside a group (its packed
+    weight and its scales then disagree on how many inputs the rank holds)."""
+    for path, layer in model.named_modules():
+        if isinstance(layer, QuantizedShardedToAllLinear):
+            inputs = layer.weight.shape[-1] * quantized.WORD_BITS // layer.bits
+            if inputs != layer.scales.shape[-1] * layer.group_size:
+                how = quantized.described(layer)
+                raise ConfigError(f"{path}: its {how} inputs do not split into whole groups across "
+                                  f"{layer.group.size()} ranks; train with --parallel data, or on a "
+                                  "number of nodes that divides its groups")
+
+
 def _equal_part(base: nn.Module, lora: LoRALinear | DoRALinear, group: Any) -> tuple[int, int]:
     """The part of a layer the model's own shard() gave this rank: an equal one."""
     total = lora.lora_b.shape[1] if isinstance(base, COLUMN) else lora.lora_a.shape[0]
-    return vocab_parallel.bounds(total, group.size(), group.rank())
+    return bounds(total, group.size(), group.rank())
 
 
 def _rewrapped(lora: LoRALinear | DoRALinear, base: nn.Module) -> LoRALinear | DoRALinear:

@@ -84,6 +84,17 @@ def test_the_global_batch_is_shared_as_equally_as_can_be_or_as_batch_shares_says
     assert tc.merge_config({"max_micro_batch": 2}, {}).max_micro_batch == "2"
 
 
+def test_dequantize_ranks_come_as_a_flag_or_a_yaml_list_and_name_ranks_of_the_run():
+    from_flag = tc.merge_config({}, cli_values(build_parser().parse_args(["--dequantize-ranks", "0,2"])))
+    assert from_flag.dequantize_ranks == "0,2" and tc.config_problems(from_flag, 3) == []
+    assert tc.merge_config({"dequantize_ranks": [2, 0]}, {}).dequantize_ranks == "2,0"
+    assert tc.merge_config({"dequantize_ranks": 1}, {}).dequantize_ranks == "1"
+    assert tc.config_problems(from_flag, 2) == [
+        "dequantize_ranks 0,2: rank 2 is beyond the 2 ranks of this run (ranks 0 to 1)"]
+    with pytest.raises(tc.ConfigError, match="dequantize_ranks must be an integer"):
+        tc.merge_config({"dequantize_ranks": ["one"]}, {})
+
+
 def test_every_problem_is_reported_at_once():
     config = tc.merge_config({"iters": 10, "lora_dropout": 1.0, "lr_schedule": "linear", "num_layers": 0,
                               "learning_rate": 0}, {})

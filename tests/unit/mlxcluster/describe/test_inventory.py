@@ -222,3 +222,16 @@ def test_loopback_is_the_link_of_a_cluster_that_is_this_one_machine():
     groups, hostvars = cluster(node1={**local, "thunderbolt_ip": "127.0.0.1"},
                                node2={**local, "thunderbolt_ip": "127.0.0.2"})
     assert inventory_errors(groups, hostvars) == []
+
+
+@pytest.mark.parametrize("value", [True, False, "true", "False", None])
+def test_model_dequantize_is_true_or_false(value):
+    assert inventory_errors(*cluster(node2={"model_dequantize": value})) == []
+
+
+@pytest.mark.parametrize("value", ["yes", 1, 0, "fast", [True]])
+def test_a_model_dequantize_that_is_not_true_or_false_is_named_with_its_fix(value):
+    assert inventory_errors(*cluster(node2={"model_dequantize": value})) == [
+        f"node2: model_dequantize {value!r} must be true or false (true: this node's ranks dequantize a "
+        "quantized model as they load it, trading memory for speed; false, the default: they train on its "
+        "quantized weights)"]

@@ -145,6 +145,16 @@ def test_records_without_the_newer_fields_still_load(full):
     assert cluster.head.model is None and cluster.head.provisioned
 
 
+def test_a_node_s_model_dequantize_is_recorded_and_read_back(full):
+    after = run(hostvars(node3={"model_dequantize": True}, node2={"model_dequantize": "false"}), full)
+    assert [n["model_dequantize"] for n in after["nodes"]] == [False, False, True]
+    cluster = Cluster.from_json(json.loads(json.dumps(after)))
+    assert [n.model_dequantize for n in cluster.nodes] == [False, False, True]
+    for node in after["nodes"]:  # a record from before model_dequantize: none dequantizes
+        del node["model_dequantize"]
+    assert not any(n.model_dequantize for n in Cluster.from_json(after).nodes)
+
+
 # --- through ansible-playbook: the record task on two local "nodes" -----------------------------
 
 

@@ -19,7 +19,7 @@ from mlxcluster.provision import inputs, model_store
 from tests.unit import fake_inputs
 from tests.unit.mlxcluster.jobs.test_train import lab_layout
 from tests.unit.training.model.test_folder import tiny_model
-from training.model import manifest
+from training.model import folder, manifest
 
 
 @pytest.fixture(scope="module")
@@ -89,9 +89,9 @@ def test_the_free_disk_check_counts_what_the_copy_holds_and_says_what_to_fix(tmp
 
 
 def test_the_dtype_policy_follows_the_linux_nodes():
-    assert model_store.policy("auto", linux_trains=False) == ("float16", False)
-    assert model_store.policy("auto", linux_trains=True) == ("float32", True)
-    assert model_store.policy("bfloat16", linux_trains=True) == ("bfloat16", True)
+    assert model_store.policy("auto", linux_trains=False) == "float16"
+    assert model_store.policy("auto", linux_trains=True) == "float32"
+    assert model_store.policy("bfloat16", linux_trains=True) == "bfloat16"
     with pytest.raises(UserError, match="cluster_model_dtype must be one of"):
         model_store.policy("int4", linux_trains=True)
     assert model_store.cache_dir("smollm2", "float32").name == "smollm2-135m-float32"
@@ -114,6 +114,34 @@ def test_the_controller_fetches_once_and_again_only_when_the_source_changes(tiny
     assert ensure()["changed"]
     with pytest.raises(UserError, match=r"cluster_model 'nowhere/at-all!': model source .* is not 'smollm2'"):
         model_store.ensure("nowhere/at-all!", linux_trains=True, into=tmp_path)
+
+
+def test_a_quantized_model_stays_quantized_when_a_linux_node_trains_and_an_older_dequantized_copy_goes(
+        tmp_path: Path):
+    source = tmp_path / "src" / "tiny-4bit"
+    tiny_model(source, quantized=True)
+    cache = tmp_path / "cache"
+    # The older policy's copy: dequantized because a Linux node trains.
+    folder.fetch(str(source), cache / "tiny-4bit", "float32", dequantize=True)
+    assert "quantization" not in json.loads((cache / "tiny-4bit" / "config.json").read_text())
+
+    found = model_store.ensure(str(source), linux_trains=True, into=cache)
+    assert found["changed"] and found["dtype"] == "float32"
+    copy = Path(found["path"])
+    assert (copy / "model.safetensors").read_bytes() == (source / "model.safetensors").read_bytes()
+    assert json.loads((copy / "config.json").read_text())["quantization"] == {"group_size": 32, "bits": 4}
+    assert json.loads((copy / manifest.MANIFEST).read_text())["dequantize"] == "false"
+    assert not model_store.ensure(str(source), linux_trains=True, into=cache)["changed"]
+    assert not model_store.for_run(str(source), linux_trains=True, fetch=False, into=cache).pending
+
+
+def test_a_float_model_fetched_under_the_older_policy_is_not_fetched_again(tmp_path: Path):
+    source = tmp_path / "src" / "tiny"
+    tiny_model(source)
+    # Then a Linux node's copy said dequantize "true" whatever the model: a float one was only copied.
+    folder.fetch(str(source), tmp_path / "tiny", "float32", dequantize=True)
+    assert json.loads((tmp_path / "tiny" / manifest.MANIFEST).read_text())["dequantize"] == "true"
+    assert not model_store.ensure(str(source), linux_trains=True, into=tmp_path)["changed"]
 
 
 def test_the_module_answers_in_json_and_errors_in_words(tiny_source: Path, tmp_path: Path,

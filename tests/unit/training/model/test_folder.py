@@ -93,6 +93,23 @@ def test_quantized_model_is_dequantized_on_request_and_kept_otherwise(tmp_path: 
     assert "quantization" in json.loads((kept / "config.json").read_text())
 
 
+def test_a_quantized_model_is_kept_quantized_by_default_on_any_platform(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]):
+    source = tmp_path / "tiny-4bit"
+    tiny_model(source, quantized=True)
+    by_default = tm.fetch(str(source), tmp_path / "default")
+    assert (by_default / "model.safetensors").read_bytes() == (source / "model.safetensors").read_bytes()
+    config = json.loads((by_default / "config.json").read_text())
+    assert config["quantization"] == {"group_size": 32, "bits": 4}
+    assert json.loads((by_default / tm.MANIFEST).read_text())["dequantize"] == "false"
+
+    assert tm.main(["fetch", "--source", str(source), "--output", str(tmp_path / "cli")]) == 0
+    assert capsys.readouterr().out.startswith(f"{tmp_path / 'cli'}: copied (quantized)")
+    assert tm.main(["fetch", "--source", str(source), "--output", str(tmp_path / "asked"), "--dtype",
+                    "float32", "--dequantize"]) == 0
+    assert capsys.readouterr().out.startswith(f"{tmp_path / 'asked'}: dequantized to float32")
+
+
 def test_only_model_files_of_a_local_dir_are_fetched(tiny_dir: Path, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]):
     (tiny_dir / "id_ed25519").write_text("-----BEGIN OPENSSH PRIVATE KEY-----")

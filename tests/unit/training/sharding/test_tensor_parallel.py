@@ -24,8 +24,8 @@ from tests.unit.training.model.test_folder import tiny_model
 from tests.unit.training.test_finetune import run_launcher, training_args
 from tests.unit.training.test_shares_training import adapters, losses, max_difference
 from training import finetune as ft
+from training.sharding.parts import bounds
 from training.sharding.tensor_parallel import shard_problems
-from training.sharding.vocab_parallel import bounds
 
 RING = [str(Path(sys.executable).parent / "mlx.launch"), "--backend", "ring", "-n", "2", "--"]
 
