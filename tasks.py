@@ -150,10 +150,12 @@ def data_prepare(c, input=str(inputs.DEMO_DATA), output="build/data/pirate", val
 @task(name="fetch", help={
     "source": "Hugging Face repo id (org/name), a local model directory, or smollm2 (default)",
     "output": "Model directory on the controller (default models/<name>)",
-    "dtype": "float16 or float32 (default: float32 on Linux, where 4-bit/16-bit matmul is slow)"})
-def model_fetch(c, source=inputs.DEFAULT_MODEL, output=None, dtype=None):
+    "dtype": "float16 or float32 for float weights (default: float32 on Linux, where 16-bit matmul is slow)",
+    "dequantize": "Dequantize a quantized model to --dtype (default: keep it quantized; nodes whose "
+                  "inventory says model_dequantize: true dequantize it at load)"})
+def model_fetch(c, source=inputs.DEFAULT_MODEL, output=None, dtype=None, dequantize=False):
     """Get the model onto the controller once (invoke train fans it out to the nodes)."""
-    inputs.fetch_model(source, output, dtype)
+    inputs.fetch_model(source, output, dtype, dequantize=dequantize)
 
 
 @task(help=helps(
@@ -361,15 +363,19 @@ def _runs(c: Context, inventory: str | None, iters: str | None, batch_size: str 
         "threads": _whole(threads, "--threads", 1, 1024), **rest}
 
 
-@task(name="scaling", help=helps("inventory", "nodes", "iters", "batch_size", "data", "model", "threads",
-                                 "extra", "output"))
+@task(name="scaling", help=helps(
+    "inventory", "nodes", "iters", "batch_size", "data", "model", "threads", "extra", "output",
+    parallel="How the runs on more than 1 node split the work: data, tensor, or data,tensor for both "
+             "(default data; the 1-node baseline runs once)",
+    stock="Also run stock mlx_lm lora as one process on the first node, same model, data and settings"))
 def bench_scaling(c, inventory=None, nodes=None, iters=None, batch_size=None, data=None, model=None,
-                  threads=None, extra="", output=None):
-    """The same fine-tune on 1 node and on more: wall time, tokens/s, speedup, efficiency and
-    where the time went (sync, model load, training, evaluation), as a table, JSON and PNG."""
+                  threads=None, extra="", output=None, parallel=None, stock=False):
+    """The same fine-tune on 1 node and on more: wall time, tokens/s, speedup, efficiency, peak
+    memory per rank and where the time went (sync, model load, training, evaluation), as a table,
+    JSON and PNG; with --stock, stock mlx_lm lora on one process beside them."""
     rec, common = _runs(c, inventory, iters, batch_size, threads, data=data, model=model, extra=extra,
                         output=output)
-    bench_scaling_module.run(rec, nodes=nodes, **common)
+    bench_scaling_module.run(rec, nodes=nodes, parallel=parallel, stock=bool(stock), **common)
 
 
 @task(name="shares", help=helps("inventory", "iters", "batch_size", "data", "model", "threads", "extra",
