@@ -30,7 +30,7 @@ from mlxcluster.jobs import train
 from mlxcluster.launch import parallel as parallelism
 from mlxcluster.launch import runs
 from mlxcluster.launch import settings as run_settings
-from mlxcluster.provision import inputs
+from mlxcluster.provision import inputs, model_store
 from training.model.quantization import describe
 
 # Where a run's time goes, in the order the report shows it. All are seconds of rank 0's run,
@@ -61,11 +61,8 @@ def configurations(counts: Sequence[int], modes: Sequence[str]) -> list[tuple[in
 def quantization(model: Path) -> str | None:
     """The model's base weights in a few words (`4-bit affine, group 64`, `float`); None: its
     config.json is not on the controller."""
-    try:
-        config = json.loads((model / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return describe(config) if isinstance(config, dict) else None
+    config = model_store.shape_of(str(model))
+    return describe(config) if config is not None else None
 
 
 def row(nodes: int, ranks: int, summary: Mapping[str, Any], run_info: Mapping[str, Any],

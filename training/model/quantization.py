@@ -135,6 +135,11 @@ def base_weights(config: Mapping[str, Any], dequantized_to: mx.Dtype | None = No
     return f"dequantized from {describe(config)}, to {str(dequantized_to).removeprefix('mlx.core.')}"
 
 
+def dequantizes(config: Mapping[str, Any], rank: int, dequantize_ranks: Iterable[int]) -> bool:
+    """Whether this rank trains on the model dequantized: it is quantized, and the rank is asked to."""
+    return is_quantized(config) and rank in set(dequantize_ranks)
+
+
 def dequantized_if_asked(
     model: nn.Module, config: Mapping[str, Any], rank: int, dequantize_ranks: Iterable[int]
 ) -> tuple[nn.Module, str]:
@@ -142,7 +147,7 @@ def dequantized_if_asked(
     one of `dequantize_ranks` and the model is quantized, else as loaded; and its base weights in
     a few words (summary.json's `base_weights_per_rank`). The dequantized weights are left lazy, for
     the caller to evaluate (after sharding, in tensor parallelism)."""
-    if not is_quantized(config) or rank not in set(dequantize_ranks):
+    if not dequantizes(config, rank, dequantize_ranks):
         return model, base_weights(config)
     import mlx.core as mx
     from mlx.utils import tree_flatten, tree_unflatten

@@ -225,7 +225,7 @@ def load(
     model, tokenizer, config = mlx_lm_load(model_name, lazy=True, return_config=True)
     if problems := shard_problems(config, group.size(), model_name, hasattr(model, "shard")):
         raise ConfigError("cannot train with parallel: tensor:\n  " + "\n  ".join(problems))
-    dequantizing = quantization.is_quantized(config) and group.rank() in set(dequantize_ranks)
+    dequantizing = quantization.dequantizes(config, group.rank(), dequantize_ranks)
     dtype = quantization.float_dtype(model) if dequantizing else None
     check_num_layers(model, num_layers)
     mx.random.seed(seed)

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.training.model.test_folder import tiny_model
 from tests.unit.training.test_finetune import interrupted_copy, run_launcher, training_args
-from tests.unit.training.test_shares_training import adapters, max_difference, uneven
+from tests.unit.training.test_shares_training import adapters, max_difference, uneven_baseline
 from training import finetune as ft
 
 PACKED = "4-bit affine, group 32"
@@ -24,14 +23,7 @@ PACKED = "4-bit affine, group 32"
 @pytest.fixture(scope="module")
 def qlora_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 4-bit tiny llama, uneven chat data, and one single-process QLoRA run over them."""
-    root = tmp_path_factory.mktemp("qlora")
-    tiny_model(root / "model", quantized=True)
-    (root / "data").mkdir()
-    (root / "data" / "train.jsonl").write_text("".join(json.dumps(uneven(i)) + "\n" for i in range(24)))
-    (root / "data" / "valid.jsonl").write_text("".join(json.dumps(uneven(i)) + "\n" for i in range(500, 508)))
-    with contextlib.redirect_stdout(io.StringIO()):
-        assert ft.main(training_args(root / "model", root / "data", root / "single"), environ={}) == 0
-    return root
+    return uneven_baseline(tmp_path_factory.mktemp("qlora"), quantized=True)
 
 
 def summary(run: Path) -> dict:

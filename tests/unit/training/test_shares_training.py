@@ -14,6 +14,7 @@ from typing import Any
 import mlx.core as mx
 import pytest
 
+from tests.unit.training.model.test_folder import tiny_model
 from tests.unit.training.test_finetune import run_launcher, training_args
 from training import finetune as ft
 from training.loop import report
@@ -27,6 +28,25 @@ def uneven(i: int) -> dict[str, Any]:
             {"role": "assistant", "content": f"answer {i * 7 % 1000:03d}" + " yes" * (i % 5)},
         ]
     }
+
+
+def uneven_inputs(root: Path, **model: Any) -> Path:
+    """Under `root`: a tiny llama (tiny_model's `model` changes, e.g. quantized=True) and uneven chat
+    data, 24 train and 8 valid examples."""
+    tiny_model(root / "model", **model)
+    (root / "data").mkdir()
+    for name, examples in (("train", range(24)), ("valid", range(500, 508))):
+        (root / "data" / f"{name}.jsonl").write_text("".join(json.dumps(uneven(i)) + "\n" for i in examples))
+    return root
+
+
+def uneven_baseline(root: Path, **model: Any) -> Path:
+    """uneven_inputs and one single-process run over them in root/single (global batch 4): the
+    baseline that runs on several ranks must match."""
+    uneven_inputs(root, **model)
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert ft.main(training_args(root / "model", root / "data", root / "single"), environ={}) == 0
+    return root
 
 
 def adapters(run: Path) -> dict[str, mx.array]:

@@ -19,10 +19,9 @@ from mlx_lm import load
 
 from mlxcluster.errors import UserError
 from mlxcluster.launch import parallel
-from tests.unit.training.model.test_folder import tiny_model
 from tests.unit.training.sharding.test_tensor_parallel import single_run
 from tests.unit.training.test_finetune import run_launcher, training_args
-from tests.unit.training.test_shares_training import adapters, losses, max_difference, uneven
+from tests.unit.training.test_shares_training import adapters, losses, max_difference, uneven_inputs
 from training.sharding import quantized
 from training.sharding.tensor_parallel import shard_problems
 
@@ -41,12 +40,7 @@ def ranks_run(root: Path, out: str, ranks: int, *extra: str, parallel: str = "te
 
 
 def quantized_root(parent: Path, **quantization: object) -> Path:
-    tiny_model(parent / "model", quantized=True, **quantization, **SHAPE)  # type: ignore[arg-type]
-    (parent / "data").mkdir()
-    for name, examples in (("train", range(24)), ("valid", range(500, 508))):
-        lines = "".join(json.dumps(uneven(i)) + "\n" for i in examples)
-        (parent / "data" / f"{name}.jsonl").write_text(lines)
-    return parent
+    return uneven_inputs(parent, quantized=True, **quantization, **SHAPE)
 
 
 def assert_one_process(root: Path, single: str, tensor: str) -> float:
