@@ -119,10 +119,11 @@ def topology(c, inventory=None, output=None):
 
 @task(help=helps("inventory", model="Model directory whose size memory and disk are checked against "
                                    "(default: the provisioned model, else the embedded SmolLM2 when fetched)",
-                 json="Print the checks as JSON instead of tables"))
-def doctor(c, inventory=None, model=None, json_=False):
+                 json="Print the checks as JSON instead of tables",
+                 parallel="Check memory as a data (default) or tensor run would hold the model"))
+def doctor(c, inventory=None, model=None, json_=False, parallel="data"):
     """Check the whole cluster, node by node and pair by pair: red checks say how to fix them."""
-    checkup.run(recorded(_inventory(c, inventory), ready=False), model, as_json=json_)
+    checkup.run(recorded(_inventory(c, inventory), ready=False), model, as_json=json_, parallel=parallel)
 
 
 # ---------------------------------------------------------------------------- training

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxcluster.bench import results
-from mlxcluster.check import doctor
+from mlxcluster.check import doctor, room
 from mlxcluster.describe.cluster import Cluster, Node, Recorded
 from mlxcluster.jobs import train
 from mlxcluster.launch import batch_shares
@@ -79,7 +79,8 @@ def plan(rec: Recorded, *, iters: int, batch_size: int | None, data: str | None,
 
 def measure(rec: Recorded, the_plan: Plan) -> dict[str, Any]:
     """Every training node alone, one after the other: the calibration entry (not yet kept)."""
-    doctor.preflight(rec.cluster, inputs.model_bytes(the_plan.request.model))
+    doctor.preflight(rec.cluster, room.for_run(rec.cluster, the_plan.request.model,
+                                               dequantize_ranks=the_plan.dequantize_ranks))
     nodes, run_dirs = {}, {}
     for node in rec.cluster.training_nodes:
         print(f"==> calibrate: {node.name} alone, {the_plan.per_rank} example"

@@ -40,7 +40,7 @@ from typing import Any
 import yaml
 
 from mlxcluster.bench import results
-from mlxcluster.check import doctor
+from mlxcluster.check import doctor, room
 from mlxcluster.describe.cluster import Cluster, Node, Recorded
 from mlxcluster.errors import UserError
 from mlxcluster.jobs import train
@@ -376,7 +376,7 @@ def run(rec: Recorded, *, iters: int = 40, rounds: int = 3, types: str | None = 
     window(iters)  # refused before anything is sent
     layout = rec.cluster.only(rec.cluster.head)  # one process, with every core of the node
     data_dir, model_dir = inputs.resolve(rec.cluster, data, model)
-    doctor.preflight(layout, inputs.model_bytes(model_dir))
+    doctor.preflight(layout, room.for_run(layout, model_dir))
     settings = {**SETTINGS, "num_layers": layers_for(model_dir)}
     by_type = {t: compare(layout, data_dir, model_dir, iters=iters, rounds=rounds, settings=settings,
                           fine_tune_type=t) for t in chosen}

@@ -23,7 +23,7 @@ from typing import Any
 
 from mlxcluster.bench import overhead, results
 from mlxcluster.bench import stock as stock_mlx_lm
-from mlxcluster.check import doctor
+from mlxcluster.check import doctor, room
 from mlxcluster.describe.cluster import Cluster, Recorded
 from mlxcluster.errors import UserError
 from mlxcluster.jobs import train
@@ -271,7 +271,8 @@ def run(rec: Recorded, *, nodes: str | None = None, parallel: str | None = None,
     if stock:
         ours = run_settings.read(None, overrides)
         overhead.window(ours.iters, ours.steps_per_report)
-    doctor.preflight(rec.cluster, inputs.model_bytes(model_dir))
+    doctor.preflight(rec.cluster, room.largest(room.for_run(layouts[count], model_dir, parallel=mode)
+                                               for count, mode in plan))
     rows, run_dirs = _our_runs(rec, plan, layouts, request, f"{iters} steps of global batch {batch_size}")
     if stock:
         rows.append(_stock_row(layouts[1], request))

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxcluster.bench import results
-from mlxcluster.check import doctor
+from mlxcluster.check import doctor, room
 from mlxcluster.describe.cluster import Recorded
 from mlxcluster.errors import UserError
 from mlxcluster.jobs import train
@@ -111,7 +111,8 @@ def run(rec: Recorded, *, nodes: str | None = None, iters: int = 30,
     sharded = rec.cluster.first_nodes(int(nodes)) if nodes else rec.cluster
     data_dir, model_dir = inputs.resolve(rec.cluster, data, model)
     parallel.check(sharded, model_dir, "tensor")
-    doctor.preflight(rec.cluster, inputs.model_bytes(model_dir))
+    doctor.preflight(rec.cluster, room.largest([room.for_run(rec.cluster.first_nodes(1), model_dir),
+                                                room.for_run(sharded, model_dir, parallel="tensor")]))
     batch = batch_size or 4
     overrides = ["--iters", str(iters), "--batch-size", str(batch), "--steps-per-report", "5",
                  "--steps-per-eval", str(max(iters // 3, 1)), "--save-every", str(iters),

@@ -20,17 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlxcluster.check import room
 from mlxcluster.describe.backends import RDMA_HOWTO
 from mlxcluster.describe.cluster import Cluster, Node, Recorded, hostfile_entries
 from mlxcluster.errors import UserError
 from mlxcluster.launch import builder, remote
+from mlxcluster.launch import parallel as parallel_modes
 from mlxcluster.provision import inputs
 
 PROBE = Path(__file__).with_name("probe.py")
 REPROVISION = "run invoke provision -i <inventory>"
-# A LoRA run holds the model once in memory (plus activations); on disk the nodes keep one copy.
-MEMORY_FACTOR = 1.5
-DISK_FACTOR = 2.0
 ALL_SUM = ("import mlx.core as mx; g = mx.distributed.init(strict=True); "
            "print(int(mx.distributed.all_sum(mx.array(1), group=g).item()))")
 
@@ -108,12 +107,12 @@ def run_jobs(cluster: Cluster) -> dict[str, tuple[int, str]]:
     return jobs
 
 
-def diagnose(cluster: Cluster, rendered_hostfile: str, model_bytes: int | None, *,
+def diagnose(cluster: Cluster, rendered_hostfile: str, need: room.Need | None, *,
              mpi_jobs: bool = True) -> list[Check]:
     """Probe, judge, and only on a cluster that is green so far, launch the MPI jobs: on a red
     one they could only fail, slowly (a down link makes mpirun wait for its timeouts)."""
     gathered = gather(cluster)
-    checks = evaluate(cluster, rendered_hostfile, gathered, model_bytes)
+    checks = evaluate(cluster, rendered_hostfile, gathered, need)
     if not mpi_jobs or cluster.world_size == 0:
         return checks
     red = sum(not c.ok for c in checks)
@@ -122,7 +121,7 @@ def diagnose(cluster: Cluster, rendered_hostfile: str, model_bytes: int | None, 
         return [*checks, Check("cluster", jobs, False,
                                f"not run: {red} check(s) above failed", "fix those first")]
     gathered["jobs"] = run_jobs(cluster)
-    return evaluate(cluster, rendered_hostfile, gathered, model_bytes)
+    return evaluate(cluster, rendered_hostfile, gathered, need)
 
 
 # --- judging ---------------------------------------------------------------------------------------
@@ -295,23 +294,25 @@ def _macs(cluster: Cluster, nodes: Sequence[Node], facts: Facts) -> list[Check]:
     return checks
 
 
-def _room(nodes: Sequence[Node], facts: Facts, model_bytes: int | None) -> list[Check]:
-    """Free memory and disk against the model's size."""
+def _room(nodes: Sequence[Node], facts: Facts, need: room.Need | None) -> list[Check]:
+    """Free memory (for what each node's ranks hold) and free disk (for the model folder)."""
     checks: list[Check] = []
-    if not model_bytes:
+    if need is None:
         return checks
-    need_mem, need_disk = model_bytes * MEMORY_FACTOR, model_bytes * DISK_FACTOR
     for node in nodes:
         memory, disk = facts[node.name]["memory"], facts[node.name]["disk_free"]
-        if memory.get("available") is not None:
-            ok = memory["available"] >= need_mem
+        if memory.get("available") is not None and node.name in need.memory:
+            want = need.memory[node.name]
+            ok = memory["available"] >= want
             checks.append(Check(node.name, "free memory", ok,
-                                f"{_gib(memory['available'])} free, the model needs ~{_gib(need_mem)}",
-                                "" if ok else "close other programs, or train a smaller or quantized model"))
+                                f"{_gib(memory['available'])} free, need ~{_gib(want)} for "
+                                f"{need.held[node.name]}",
+                                "" if ok else "close other programs, or train a smaller or quantized model "
+                                "(or --parallel tensor, which splits it across the nodes)"))
         if disk is not None:
-            ok = disk >= need_disk
+            ok = disk >= need.disk
             checks.append(Check(node.name, "free disk", ok,
-                                f"{_gib(disk)} free under cluster_root, need ~{_gib(need_disk)}",
+                                f"{_gib(disk)} free under cluster_root, need ~{_gib(need.disk)}",
                                 "" if ok else "free disk space under cluster_root (old runs/)"))
     return checks
 
@@ -339,7 +340,7 @@ def _jobs(cluster: Cluster, facts: Facts, jobs: Mapping[str, tuple[int, str]]) -
 
 
 def evaluate(cluster: Cluster, rendered_hostfile: str, gathered: Mapping[str, Any],
-             model_bytes: int | None = None) -> list[Check]:
+             need: room.Need | None = None) -> list[Check]:
     """Every check, green or red, from what `gather` (and the MPI jobs) found."""
     checks = _management(cluster, gathered["nodes"])
     reachable = {c.scope for c in checks if c.ok}
@@ -348,7 +349,7 @@ def evaluate(cluster: Cluster, rendered_hostfile: str, gathered: Mapping[str, An
     return [*checks, *_pairs(cluster, nodes, facts), *_software(cluster, nodes, facts),
             *_hostfiles(nodes, facts, rendered_hostfile), *_interfaces(cluster, nodes, facts),
             *_macs(cluster, nodes, facts),
-            *_room(nodes, facts, model_bytes), *_jobs(cluster, facts, gathered.get("jobs", {}))]
+            *_room(nodes, facts, need), *_jobs(cluster, facts, gathered.get("jobs", {}))]
 
 
 def render(checks: Sequence[Check], console: Any) -> None:
@@ -379,10 +380,10 @@ class NotFit(UserError):
     """Red checks: the cluster is not fit to train; they were shown with their fixes."""
 
 
-def red_node_checks(cluster: Cluster, model_bytes: int | None) -> list[Check]:
+def red_node_checks(cluster: Cluster, need: room.Need | None) -> list[Check]:
     """The per-node checks (not the MPI jobs) that fail."""
     rendered = "\n".join(cluster.hostfile_lines())
-    return [c for c in diagnose(cluster, rendered, model_bytes, mpi_jobs=False) if not c.ok]
+    return [c for c in diagnose(cluster, rendered, need, mpi_jobs=False) if not c.ok]
 
 
 # The kernel's count of processes its out-of-memory killer ended (Linux; none on macOS, whose
@@ -413,12 +414,12 @@ def ran_out_of_memory(before: Mapping[str, int | None], after: Mapping[str, int 
             if was is not None and (after.get(name) or 0) > was]
 
 
-def preflight(cluster: Cluster, model_bytes: int | None) -> None:
+def preflight(cluster: Cluster, need: room.Need | None) -> None:
     """invoke doctor's per-node checks (not its MPI jobs: the launch is one): stop on any red."""
     from rich.console import Console
 
     print("==> checking the nodes (invoke doctor has the full set)", flush=True)
-    if failed := red_node_checks(cluster, model_bytes):
+    if failed := red_node_checks(cluster, need):
         render(failed, Console(stderr=True))
         raise NotFit(f"not launching: {len(failed)} check(s) failed on the nodes (see the fix column)")
 
@@ -443,10 +444,13 @@ def report(checks: Sequence[Check], cluster: Cluster, seconds: float, *, as_json
         console.print(f"[green]{summary}[/]")
 
 
-def run(rec: Recorded, model: str | None, as_json: bool = False) -> None:
-    """invoke doctor: every check of the recorded cluster, reported; the
-    memory and disk checks against `model` (default: the provisioned or embedded model)."""
+def run(rec: Recorded, model: str | None, as_json: bool = False, parallel: str = "data") -> None:
+    """invoke doctor: every check of the recorded cluster, reported; the memory and disk checks
+    against `model` (default: the provisioned or embedded model) as a run in `parallel` mode would
+    hold it, dequantized on the nodes whose inventory says model_dequantize."""
+    parallel_modes.flags(parallel)  # refuses another word
     start = time.perf_counter()
     model_dir = Path(model) if model else inputs.checked_model(rec.cluster)
-    checks = diagnose(rec.cluster, rec.rendered_hostfile, inputs.model_bytes(model_dir))
+    need = room.for_run(rec.cluster, model_dir, parallel=parallel)
+    checks = diagnose(rec.cluster, rec.rendered_hostfile, need)
     report(checks, rec.cluster, time.perf_counter() - start, as_json=as_json)

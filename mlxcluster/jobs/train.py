@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxcluster import local
-from mlxcluster.check import doctor
+from mlxcluster.check import doctor, room
 from mlxcluster.describe.cluster import Cluster, Recorded, recorded
 from mlxcluster.errors import Interrupted, UserError
 from mlxcluster.jobs import flags
@@ -39,6 +39,7 @@ from mlxcluster.launch import settings as run_settings
 from mlxcluster.paths import REPO, RUNS
 from mlxcluster.provision import inputs, model_store, preview
 from training.config import FinetuneConfig
+from training.model import quantization
 from training.model.folder import SMOLLM2_SHAPE
 from training.model.manifest import manifest_sha256
 
@@ -91,6 +92,7 @@ class Plan:
     shares: batch_shares.Shares | None = None  # None: equal shares, as training does by itself
     said: tuple[str, ...] = ()  # what the run says of itself before it starts: backend, shares, split
     record: Mapping[str, Any] = field(default_factory=dict)  # run.json's fields known before launch
+    dequantize_ranks: tuple[int, ...] = ()  # the ranks that dequantize a quantized base as they load it
 
     @property
     def results(self) -> Path:
@@ -158,7 +160,8 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
                 sync.pull(cluster.head, run_dir, RUNS / run_id), backend_why=choice.why, shares=shared,
                 said=tuple(said),
                 record={**run_record(cluster, request, inventory, backend, choice.why, shared, launch),
-                        **sent.here, "base_weights": base.per_node if base else None})
+                        **sent.here, "base_weights": base.per_node if base else None},
+                dequantize_ranks=tuple(quantization.parse_ranks(settings.dequantize_ranks)))
 
 
 @dataclass(frozen=True)
@@ -445,5 +448,6 @@ def train(inventory: str, options: Options) -> Path | None:
         older = [f"note: {note}" for note in run_settings.older_names(request.config, request.overrides)]
         show(the_plan, [*notes, *pending_notes(request), *older])
         return None
-    doctor.preflight(rec.cluster, inputs.model_bytes(request.model))
+    doctor.preflight(rec.cluster, room.for_run(rec.cluster, request.model, parallel=request.parallel,
+                                               dequantize_ranks=the_plan.dequantize_ranks))
     return execute(the_plan)

@@ -112,10 +112,3 @@ def checked_model(cluster: Cluster) -> Path:
     """The model `invoke doctor` checks memory and disk against: the installed one, or SmolLM2."""
     recorded = cluster.head.model
     return Path(recorded["controller_path"]) if recorded else default_model_dir(cluster_dtype(cluster))
-
-
-def model_bytes(model_dir: Path) -> int | None:
-    """The model's weights in bytes (what memory and disk are checked against); None: unknown."""
-    if not model_dir.is_dir():
-        return None
-    return sum(f.stat().st_size for f in model_dir.glob("*.safetensors")) or None

@@ -66,6 +66,23 @@ def describe(config: Mapping[str, Any]) -> str:
     return words
 
 
+def of_layer(config: Mapping[str, Any], path: str) -> dict[str, Any] | None:
+    """The quantization of the layer at `path` (e.g. `model.layers.0.mlp.down_proj`) as mlx-lm
+    reads config.json: its own entry when mixed (False: left float), else the model's. None: float."""
+    block = config.get("quantization")
+    if not isinstance(block, Mapping):
+        return None
+    own = block.get(path)
+    if own is False:
+        return None
+    chosen = {**{k: v for k, v in block.items() if k in ("group_size", "bits", "mode")},
+              **(own if isinstance(own, Mapping) else {})}
+    mode = chosen.get("mode", "affine")
+    defaults = {"affine": (64, 4), "mxfp4": (32, 4), "nvfp4": (16, 4), "mxfp8": (32, 8)}.get(mode, (64, 4))
+    return {"group_size": chosen.get("group_size") or defaults[0], "bits": chosen.get("bits") or defaults[1],
+            "mode": mode}
+
+
 def parse_ranks(text: str | None) -> list[int]:
     """dequantize_ranks as training takes it: `0,2` (or none) as rank numbers; a ValueError says why not."""
     if not text or not str(text).strip():

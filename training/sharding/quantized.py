@@ -123,23 +123,6 @@ def described(layer: nn.Module) -> str:
 # --- from config.json, before anything is loaded ---------------------------------------------------
 
 
-def of_layer(config: Mapping[str, Any], path: str) -> dict[str, Any] | None:
-    """The quantization of the layer at `path` (e.g. `model.layers.0.mlp.down_proj`) as mlx-lm
-    reads config.json: its own entry when mixed (False: left float), else the model's. None: float."""
-    quantization = config.get("quantization")
-    if not isinstance(quantization, Mapping):
-        return None
-    own = quantization.get(path)
-    if own is False:
-        return None
-    chosen = {**{k: v for k, v in quantization.items() if k in ("group_size", "bits", "mode")},
-              **(own if isinstance(own, Mapping) else {})}
-    mode = chosen.get("mode", "affine")
-    defaults = {"affine": (64, 4), "mxfp4": (32, 4), "nvfp4": (16, 4), "mxfp8": (32, 8)}.get(mode, (64, 4))
-    return {"group_size": chosen.get("group_size") or defaults[0], "bits": chosen.get("bits") or defaults[1],
-            "mode": mode}
-
-
 def problems(config: Mapping[str, Any], ranks: int, name: str) -> list[str]:
     """Why the ranks cannot cut this quantized model's row-parallel layers as they would (empty
     when they can, or when it is not quantized). The attention's output projection is cut where
@@ -157,14 +140,14 @@ def problems(config: Mapping[str, Any], ranks: int, name: str) -> list[str]:
     starts = [bounds(groups, ranks, r)[0] * heads // groups * head_dim for r in range(1, ranks)]
     found: dict[str, list[int]] = {}
     for i in range(layers):
-        if (attention := of_layer(config, f"model.layers.{i}.self_attn.o_proj")) is not None:
+        if (attention := quantization.of_layer(config, f"model.layers.{i}.self_attn.o_proj")) is not None:
             step = unit(attention["group_size"], attention["bits"])
             if bad := [s for s in starts if s % step]:
                 found.setdefault(
                     f"self_attn.o_proj ({describe(attention)}): a rank's part of its inputs would begin at "
                     f"input {bad[0]}, inside a group of {step}; train on a number of nodes that splits its "
                     "key-value head groups at a group's end, or with --parallel data", []).append(i)
-        mlp = of_layer(config, f"model.layers.{i}.mlp.down_proj")
+        mlp = quantization.of_layer(config, f"model.layers.{i}.mlp.down_proj")
         step = unit(mlp["group_size"], mlp["bits"]) if mlp is not None else 1
         if mlp is not None and isinstance(inner, int) and inner // step < ranks:
             found.setdefault(

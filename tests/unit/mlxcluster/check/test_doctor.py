@@ -11,7 +11,7 @@ import sys
 
 from rich.console import Console
 
-from mlxcluster.check import doctor
+from mlxcluster.check import doctor, room
 from mlxcluster.check.doctor import Check
 from mlxcluster.describe.cluster import Cluster
 
@@ -42,11 +42,12 @@ def healthy() -> dict:
 
 
 def failures(gathered: dict, model_bytes: int | None = 2**30) -> list[Check]:
-    return [c for c in doctor.evaluate(cluster(), HOSTFILE, gathered, model_bytes) if not c.ok]
+    need = room.Need.whole(cluster(), model_bytes) if model_bytes else None
+    return [c for c in doctor.evaluate(cluster(), HOSTFILE, gathered, need) if not c.ok]
 
 
 def test_a_healthy_cluster_is_all_green():
-    checks = doctor.evaluate(cluster(), HOSTFILE, healthy(), 2**30)
+    checks = doctor.evaluate(cluster(), HOSTFILE, healthy(), room.Need.whole(cluster(), 2**30))
     assert [c for c in checks if not c.ok] == []
     names = {c.name for c in checks}
     assert {"management ssh", "ssh over the cluster link", "Open MPI", "Python", "mlx", "mlx-lm",
@@ -150,7 +151,7 @@ def test_a_node_with_no_venv_recorded_is_told_to_provision():
         for n in cluster().nodes]})
     gathered = healthy()
     gathered["nodes"]["node2"]["venv"] = {"error": "bin/python does not exist"}
-    red = [c for c in doctor.evaluate(bare, HOSTFILE, gathered, 2**30) if not c.ok]
+    red = [c for c in doctor.evaluate(bare, HOSTFILE, gathered, room.Need.whole(bare, 2**30)) if not c.ok]
     assert ("node2", "venv", "none recorded: not provisioned yet") in [
         (c.scope, c.name, c.detail) for c in red]
     # Python, mlx and mlx-lm are missing there too: every red check says to provision.

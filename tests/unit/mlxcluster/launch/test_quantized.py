@@ -58,6 +58,7 @@ def test_the_nodes_that_ask_dequantize_at_load_and_the_run_says_so_per_node():
     )
     assert line in the_plan.said
     assert the_plan.record["base_weights"] == {"node1": "4-bit affine, group 64", "node2": "dequantized"}
+    assert the_plan.dequantize_ranks == (1,)  # what the memory preflight counts in float
     with contextlib.redirect_stdout(io.StringIO()) as shown:
         training.show(the_plan)
     assert f"# {line}\n" in shown.getvalue()
@@ -68,6 +69,7 @@ def test_a_node_s_ranks_are_numbered_as_the_launchers_fill_the_hostfile():
     mixed = {"group_size": 64, "bits": 4, "model.layers.0.mlp.down_proj": {"group_size": 64, "bits": 8}}
     the_plan = plan(cluster, model("mixed", mixed))
     assert "--dequantize-ranks 2,3" in the_plan.launch[-1]
+    assert the_plan.dequantize_ranks == (2, 3)
     assert the_plan.record["base_weights"] == {
         "node1": "mixed 4/8-bit affine, group 64",
         "node2": "dequantized",
@@ -97,6 +99,7 @@ def test_a_float_model_or_one_not_known_yet_gets_no_flag_and_nothing_is_said():
         assert "--dequantize-ranks" not in the_plan.launch[-1]
         assert not [line for line in the_plan.said if line.startswith("base weights")]
         assert the_plan.record["base_weights"] is None
+        assert the_plan.dequantize_ranks == ()
     # A model not fetched yet whose source's config.json says it is quantized is said all the same.
     pending = plan(
         layout({"node2": True}),
@@ -110,6 +113,7 @@ def test_a_float_model_or_one_not_known_yet_gets_no_flag_and_nothing_is_said():
 def test_ranks_the_settings_name_win_over_the_inventory():
     the_plan = plan(layout({"node2": True}), model("q4"), "--dequantize-ranks", "0")
     assert the_plan.launch[-1].count("--dequantize-ranks") == 1
+    assert the_plan.dequantize_ranks == (0,)
     assert (
         "base weights 4-bit affine, group 64: kept quantized on node2; dequantized at load on node1 "
         "(dequantize_ranks in the settings)"

@@ -38,13 +38,6 @@ def test_given_directories_are_used_as_they_are_and_must_exist(tmp_path: Path):
         inputs.DEMO_DATA_DIR, inputs.default_model_dir("float32"))
 
 
-def test_the_model_size_is_its_weights(tmp_path: Path):
-    assert inputs.model_bytes(tmp_path / "missing") is None
-    (tmp_path / "model.safetensors").write_bytes(b"x" * 1000)
-    (tmp_path / "tokenizer.json").write_text("{}")
-    assert inputs.model_bytes(tmp_path) == 1000
-
-
 def test_an_unprovisioned_inventory_says_to_provision_it(tmp_path: Path):
     inventory = tmp_path / "never-provisioned-cluster" / "inventory" / "hosts.yml"
     inventory.parent.mkdir(parents=True)

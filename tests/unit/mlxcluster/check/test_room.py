@@ -1,0 +1,116 @@
+"""What a run's model needs of each node (mlxcluster/check/room.py): its float size read from the
+safetensors headers of a quantized folder, per rank (whole or 1/N, quantized or dequantized) and per
+node (its slots), and invoke doctor's memory check that counts it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from mlx.utils import tree_flatten
+from mlx_lm import load
+
+from mlxcluster.check import doctor, room
+from tests.unit.mlxcluster.check.test_doctor import HOSTFILE, cluster, healthy
+from training.model import quantization, stand_in
+
+GIB = 2**30
+# Mixed per-layer quantization as mlx-lm writes it: one layer in 8 bits with its own group size,
+# one left float, the rest 4-bit in groups of 32.
+MIXED = {"model.layers.0.mlp.down_proj": {"group_size": 64, "bits": 8},
+         "model.layers.1.self_attn.q_proj": False}
+
+
+def parameter_bytes(model) -> int:
+    return sum(array.nbytes for _, array in tree_flatten(model.parameters()))
+
+
+@pytest.mark.parametrize("per_layer", [None, MIXED], ids=["4-bit", "mixed"])
+def test_the_float_size_of_a_quantized_folder_is_what_a_dequantizing_rank_holds(tmp_path: Path, per_layer):
+    stand_in.make(tmp_path / "float")
+    stand_in.make(tmp_path / "q", quantized=True, per_layer=per_layer)
+    found = room.weights(tmp_path / "q")
+    assert found is not None and found.quantized
+    assert found.stored == (tmp_path / "q" / "model.safetensors").stat().st_size
+    model, _ = load(str(tmp_path / "q"))
+    config = json.loads((tmp_path / "q" / "config.json").read_text())
+    dequantized, _ = quantization.dequantized_if_asked(model, config, 0, [0])
+    mx.eval(dequantized.parameters())
+    float_model, _ = load(str(tmp_path / "float"))
+    assert found.dequantized == parameter_bytes(dequantized) == parameter_bytes(float_model)
+    assert found.dequantized > 3 * found.stored  # what a node that dequantizes needs beyond the disk's size
+
+
+def test_a_float_folder_is_its_size_on_disk_and_a_folder_without_weights_is_not_known(tmp_path: Path):
+    stand_in.make(tmp_path / "float")
+    size = (tmp_path / "float" / "model.safetensors").stat().st_size
+    assert room.weights(tmp_path / "float") == room.Weights(size, size, quantized=False)
+    assert room.weights(tmp_path / "missing") is None
+    (tmp_path / "hub-id").mkdir()
+    assert room.weights(tmp_path / "hub-id") is None
+    # A quantized folder whose weights cannot be read counts as its size on disk (its ranks say why).
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "model.safetensors").write_bytes(b"x" * 1000)
+    (tmp_path / "broken" / "config.json").write_text(json.dumps({"quantization": {"bits": 4}}))
+    assert room.weights(tmp_path / "broken") == room.Weights(1000, 1000, quantized=True)
+
+
+Q4 = room.Weights(stored=GIB, dequantized=4 * GIB, quantized=True)  # node1 has 2 ranks, node2 1
+
+
+def test_each_node_needs_what_its_ranks_hold_whole_or_split_quantized_or_dequantized():
+    data = room.need(cluster(), Q4)
+    assert data.memory == {"node1": 3 * GIB, "node2": 1.5 * GIB}
+    assert data.held == {"node1": "the whole model on 2 ranks", "node2": "the whole model on 1 rank"}
+    assert data.disk == 2 * GIB  # the folder as stored, on every node
+    tensor = room.need(cluster(), Q4, parallel="tensor", dequantize_ranks=[2])
+    assert tensor.memory == {"node1": 1 * GIB, "node2": 2 * GIB}
+    assert tensor.held == {"node1": "1/3 of the model on 2 ranks",
+                           "node2": "1/3 of the model on 1 rank, dequantized"}
+    partly = room.need(cluster(), Q4, dequantize_ranks=[1])
+    assert partly.memory["node1"] == 7.5 * GIB
+    assert partly.held["node1"] == "the whole model on 2 ranks, dequantized on 1 of them"
+    # A float model has nothing to dequantize, whatever the ranks asked.
+    float_model = room.Weights(GIB, GIB, quantized=False)
+    assert room.need(cluster(), float_model, dequantize_ranks=[0, 1, 2]).memory == data.memory
+
+
+def test_the_inventory_s_model_dequantize_is_counted_unless_the_run_names_the_ranks(tmp_path: Path):
+    stand_in.make(tmp_path / "q", quantized=True)
+    found = room.weights(tmp_path / "q")
+    assert found is not None
+    nodes = tuple(dataclasses.replace(n, model_dequantize=n.name == "node2") for n in cluster().nodes)
+    asking = dataclasses.replace(cluster(), nodes=nodes)
+    by_inventory = room.for_run(asking, tmp_path / "q")
+    assert by_inventory is not None
+    assert by_inventory.memory["node2"] == int(found.dequantized * room.MEMORY_FACTOR)
+    named = room.for_run(asking, tmp_path / "q", dequantize_ranks=())
+    assert named is not None and named.memory["node2"] == int(found.stored * room.MEMORY_FACTOR)
+
+
+def test_doctor_is_red_where_the_dequantized_model_does_not_fit_and_green_when_split():
+    gathered = healthy()
+    gathered["nodes"]["node2"]["memory"]["available"] = 4 * GIB
+    fits = room.need(cluster(), Q4)
+    red = room.need(cluster(), Q4, dequantize_ranks=[2])
+    assert [c for c in doctor.evaluate(cluster(), HOSTFILE, gathered, fits) if not c.ok] == []
+    [bad] = [c for c in doctor.evaluate(cluster(), HOSTFILE, gathered, red) if not c.ok]
+    assert (bad.scope, bad.name) == ("node2", "free memory")
+    assert bad.detail == "4.0 GiB free, need ~6.0 GiB for the whole model on 1 rank, dequantized"
+    assert "--parallel tensor" in bad.fix
+    # The same node holds its third of the dequantized model under tensor parallelism.
+    split = room.need(cluster(), Q4, parallel="tensor", dequantize_ranks=[2])
+    assert [c for c in doctor.evaluate(cluster(), HOSTFILE, gathered, split) if not c.ok] == []
+
+
+def test_a_benchmark_s_runs_need_each_node_s_largest():
+    one = room.need(cluster().first_nodes(1), Q4)
+    split = room.need(cluster(), Q4, parallel="tensor")
+    both = room.largest([one, None, split])
+    assert both is not None
+    assert both.memory == {"node1": 3 * GIB, "node2": 0.5 * GIB}
+    assert both.held["node1"] == "the whole model on 2 ranks"
+    assert room.largest([None]) is None
