@@ -127,8 +127,9 @@ def diagnose(cluster: Cluster, rendered_hostfile: str, need: room.Need | None, *
 # --- judging ---------------------------------------------------------------------------------------
 
 
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB"
+def _size(n: float) -> str:
+    """Bytes as people read them: `22.4 GiB`, or `160 MiB` below a GiB (a small model's need)."""
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
 def _agreement(name: str, values: Mapping[str, str | None], fix: str) -> list[Check]:
@@ -305,14 +306,14 @@ def _room(nodes: Sequence[Node], facts: Facts, need: room.Need | None) -> list[C
             want = need.memory[node.name]
             ok = memory["available"] >= want
             checks.append(Check(node.name, "free memory", ok,
-                                f"{_gib(memory['available'])} free, need ~{_gib(want)} for "
+                                f"{_size(memory['available'])} free, need ~{_size(want)} for "
                                 f"{need.held[node.name]}",
                                 "" if ok else "close other programs, or train a smaller or quantized model "
                                 "(or --parallel tensor, which splits it across the nodes)"))
         if disk is not None:
             ok = disk >= need.disk
             checks.append(Check(node.name, "free disk", ok,
-                                f"{_gib(disk)} free under cluster_root, need ~{_gib(need.disk)}",
+                                f"{_size(disk)} free under cluster_root, need ~{_size(need.disk)}",
                                 "" if ok else "free disk space under cluster_root (old runs/)"))
     return checks
 
