@@ -234,14 +234,8 @@ def load(
     after_init = mx.random.state[0]
     loras = {path: m for path, m in model.named_modules() if isinstance(m, (LoRALinear, DoRALinear))}
     model.update_modules(tree_unflatten([(path, m.linear) for path, m in loras.items()]))
-    held = _shard(model, config, group)  # new layers draw random placeholders: the RNG is set back
-    layers = dict(model.named_modules())
-    model.update_modules(tree_unflatten([
-        (path, (ShardedDoRALinear if dora else ShardedLoRALinear)(
-            layers[path], lora, group, held.get(id(layers[path])) or _equal_part(layers[path], lora, group))
-         if isinstance(layers[path], COLUMN + ROW) else _rewrapped(lora, layers[path]))
-        for path, lora in loras.items()
-    ]))
+    held = shard_base(model, config, group)  # new layers draw random placeholders: the RNG is set back
+    model.update_modules(tree_unflatten(list(sharded_adapter(model, loras, group, held).items())))
     vocab_parallel.shard_vocab(model, group)
     if dtype is not None:
         quantized.dequantize_shards(model, dtype)
@@ -253,7 +247,24 @@ def load(
     return model, tokenizer, quantization.base_weights(config, dtype)
 
 
-def _shard(model: nn.Module, config: Mapping[str, Any], group: Any) -> dict[int, tuple[int, int]]:
+def sharded_adapter(model: nn.Module, loras: Mapping[str, LoRALinear | DoRALinear], group: Any,
+                    held: Mapping[int, tuple[int, int]]) -> dict[str, nn.Module]:
+    """The LoRA (or DoRA) layers `loras`, made for the whole model, over its shards by path: each
+    sharded base wrapped with this rank's part of its adapter, a base every rank holds whole keeping
+    mlx-lm's layer. `held`: shard_base's parts by layer id."""
+    layers = dict(model.named_modules())
+
+    def wrapped(path: str, lora: LoRALinear | DoRALinear) -> nn.Module:
+        base = layers[path]
+        if not isinstance(base, COLUMN + ROW):
+            return _rewrapped(lora, base)
+        kind = ShardedDoRALinear if isinstance(lora, DoRALinear) else ShardedLoRALinear
+        return kind(base, lora, group, held.get(id(base)) or _equal_part(base, lora, group))
+
+    return {path: wrapped(path, lora) for path, lora in loras.items()}
+
+
+def shard_base(model: nn.Module, config: Mapping[str, Any], group: Any) -> dict[int, tuple[int, int]]:
     """Split the model across `group`: by its own shard() when the ranks divide its heads and MLP,
     else by whole key-value head groups (training/sharding/head_groups.py). The part each layer sharded
     that way holds, by the layer's id (none: the model's own shard(), equal parts)."""

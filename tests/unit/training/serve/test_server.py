@@ -1,0 +1,277 @@
+"""`python -m training.serve` on a tiny llama with two adapters (a LoRA and a DoRA, as mlx-lm writes
+them), one process and two tensor-parallel ranks on MLX's ring backend whose heads the ranks do not
+divide: real clients (the openai package and curl, streaming and not) get, with greedy decoding,
+stock `mlx_lm generate --adapter-path`'s answer for each adapter and for the base; bad requests get a
+4xx and the server goes on."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from mlx.utils import tree_flatten
+from mlx_lm import load, stream_generate
+from mlx_lm.tuner.utils import linear_to_lora_layers
+
+from training.model import stand_in
+from training.serve import adapters as served_adapters
+from training.serve.__main__ import READY
+
+openai = pytest.importorskip("openai")
+
+# 6 query heads in 3 key-value groups: 2 ranks take 2 groups and 1 (training/sharding/head_groups.py).
+SHAPE = {"hidden_size": 96, "num_attention_heads": 6, "num_key_value_heads": 3, "intermediate_size": 128,
+         "max_position_embeddings": 96}
+PROMPT = "Who are you?"
+TOKENS = 12
+ADAPTERS = {"pirate": ("lora", 4, None), "dory": ("dora", 2, ["self_attn.q_proj", "self_attn.v_proj",
+                                                              "mlp.down_proj"])}
+
+
+def make_adapter(model_dir: Path, out: Path, kind: str, rank: int, keys: list[str] | None, seed: int) -> None:
+    """An adapter folder as `mlx_lm lora` writes it, with weights far enough from zero to change
+    the answers."""
+    model, _ = load(str(model_dir))
+    model.freeze()
+    parameters = {"rank": rank, "scale": 10.0, "dropout": 0.0, **({"keys": keys} if keys else {})}
+    linear_to_lora_layers(model, 2, parameters, use_dora=kind == "dora")
+    mx.random.seed(seed)
+    weights = {name: mx.random.normal(value.shape) * (0.5 if name.endswith("lora_b") else 1.0)
+               for name, value in tree_flatten(model.trainable_parameters())}
+    out.mkdir(parents=True)
+    mx.save_safetensors(str(out / "adapters.safetensors"), weights)
+    (out / "adapter_config.json").write_text(json.dumps(
+        {"fine_tune_type": kind, "num_layers": 2, "lora_parameters": parameters}))
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("serve")
+    stand_in.make(root / "model", seed=2, **SHAPE)  # a seed whose adapters each answer otherwise
+    for seed, (name, (kind, rank, keys)) in enumerate(ADAPTERS.items()):
+        make_adapter(root / "model", root / name, kind, rank, keys, seed)
+    return root
+
+
+@dataclass(frozen=True)
+class Answer:
+    text: str  # what the `mlx_lm generate` command prints
+    tokens: list[int]  # the token ids it generates (its own load and stream_generate, as it runs them)
+
+
+def stock_answer(root: Path, adapter: str | None) -> Answer:
+    """What `mlx_lm generate` answers, greedily, with the adapter (None: the base)."""
+    command = [sys.executable, "-m", "mlx_lm", "generate", "--model", str(root / "model"),
+               "--prompt", PROMPT, "--max-tokens", str(TOKENS), "--verbose", "False",
+               *(["--adapter-path", str(root / adapter)] if adapter else [])]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
+    model, tokenizer = load(str(root / "model"), adapter_path=str(root / adapter) if adapter else None)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], tokenize=False,
+                                         add_generation_prompt=True)
+    prompt = tokenizer.encode(text, add_special_tokens=False)  # as the command encodes a templated prompt
+    tokens = [step.token for step in stream_generate(model, tokenizer, prompt, max_tokens=TOKENS)]
+    return Answer(result.stdout.removesuffix("\n"), [t for t in tokens if t not in tokenizer.eos_token_ids])
+
+
+@dataclass
+class Server:
+    url: str
+    process: subprocess.Popen
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(root: Path, ranks: int, *extra: str) -> Server:
+    port = free_port()
+    program = [sys.executable, "-m", "training.serve", "--model", str(root / "model"), "--port", str(port),
+               *[f"--adapter={name}={root / name}" for name in ADAPTERS], *extra]
+    if ranks > 1:
+        launcher = [str(Path(sys.executable).parent / "mlx.launch"), "--backend", "ring", "-n", str(ranks)]
+        program = [*launcher, "--", *program, "--expected-world-size", str(ranks)]
+    log = root / f"server-{ranks}-{port}.log"
+    with log.open("w") as out:  # the server writes on; this process's copy closes
+        process = subprocess.Popen(program, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 180
+    while READY not in log.read_text():
+        if process.poll() is not None or time.monotonic() > deadline:
+            stop(process)
+            pytest.fail(f"the server did not start:\n{log.read_text()}")
+        time.sleep(0.2)
+    return Server(f"http://127.0.0.1:{port}/v1", process, log)
+
+
+def stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["one-process", "two-tensor-ranks"])
+def server(request: pytest.FixtureRequest, inputs: Path) -> Iterator[Server]:
+    running = start(inputs, request.param)
+    yield running
+    stop(running.process)
+
+
+@pytest.fixture(scope="module")
+def stock(inputs: Path) -> dict[str | None, Answer]:
+    return {name: stock_answer(inputs, name) for name in (None, *ADAPTERS)}
+
+
+def client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
+
+
+def chat(server: Server, model: str, stream: bool = False) -> str:
+    messages = [{"role": "user", "content": PROMPT}]
+    asked = client(server).chat.completions.create(model=model, messages=messages, max_tokens=TOKENS,
+                                                   temperature=0, stream=stream)
+    if stream:
+        return "".join(chunk.choices[0].delta.content or "" for chunk in asked if chunk.choices)
+    return asked.choices[0].message.content
+
+
+def chat_tokens(server: Server, model: str) -> list[int]:
+    """The token ids of the server's greedy answer (its logprobs carry them)."""
+    body = {"model": model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": TOKENS,
+            "temperature": 0, "logprobs": True}
+    code, text = curl(server, "/chat/completions", body)
+    assert code == 200, text
+    return [entry["id"] for entry in json.loads(text)["choices"][0]["logprobs"]["content"]]
+
+
+def said(stock: dict[str | None, Answer], name: str) -> Answer:
+    return stock[None if name == "model" else name]
+
+
+def curl(server: Server, path: str, body: dict | str, *headers: str) -> tuple[int, str]:
+    data = body if isinstance(body, str) else json.dumps(body)
+    result = subprocess.run(["curl", "-sN", "-w", "\n%{http_code}", "-H", "Content-Type: application/json",
+                             *[arg for h in headers for arg in ("-H", h)], "-d", data, f"{server.url}{path}"],
+                            capture_output=True, text=True, timeout=60, check=True)
+    text, _, code = result.stdout.rpartition("\n")
+    return int(code), text
+
+
+def test_each_adapter_and_the_base_answer_as_mlx_lm_generate_does(server: Server, stock: dict):
+    names = [model.id for model in client(server).models.list().data]
+    assert names == ["model", *ADAPTERS]
+    assert len({tuple(answer.tokens) for answer in stock.values()}) == 3  # the adapters change the answer
+    for name in (*ADAPTERS, "dory", "model", "pirate"):  # switching back and forth
+        expected = said(stock, name)
+        eos = served_eos(server)
+        assert [t for t in chat_tokens(server, name) if t not in eos] == expected.tokens, name
+        assert chat(server, name) == expected.text, name
+        assert chat(server, name, stream=True) == expected.text, name
+
+
+def error_of(text: str) -> str:
+    """The message of an error as OpenAI writes it."""
+    error = json.loads(text)["error"]
+    assert error["type"] in ("invalid_request_error", "authentication_error"), error
+    return error["message"]
+
+
+def served_eos(server: Server) -> set[int]:
+    return set(stand_in.tokenizer().convert_tokens_to_ids(["<|im_end|>"]))
+
+
+def test_curl_streams_server_sent_events_and_completes_text(server: Server, stock: dict):
+    body = {"model": "pirate", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": TOKENS,
+            "temperature": 0, "stream": True}
+    code, text = curl(server, "/chat/completions", body)
+    assert code == 200
+    events = [line.removeprefix("data: ") for line in text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    said = "".join(json.loads(e)["choices"][0]["delta"].get("content") or "" for e in events[:-1])
+    assert said == stock["pirate"].text
+    code, text = curl(server, "/completions", {"model": "dory", "prompt": "Ahoy", "max_tokens": 4})
+    assert code == 200 and json.loads(text)["usage"]["completion_tokens"] <= 4
+
+
+def test_requests_at_once_are_queued_and_each_gets_its_own_answer(server: Server, stock: dict):
+    asked = ["pirate", "dory", "model", "pirate", "dory"]
+    with ThreadPoolExecutor(len(asked)) as pool:
+        answers = list(pool.map(lambda name: chat(server, name), asked))
+    assert answers == [said(stock, name).text for name in asked]
+
+
+def test_bad_requests_get_a_4xx_that_says_why_and_the_server_goes_on(server: Server, stock: dict):
+    code, text = curl(server, "/chat/completions", {"model": "nobody", "messages": [{"role": "user",
+                                                                                     "content": "hi"}]})
+    assert code == 400 and "pick one of: model, pirate, dory" in error_of(text)
+    code, text = curl(server, "/chat/completions", "{not json")
+    assert code == 400 and "Invalid JSON" in error_of(text)
+    code, text = curl(server, "/chat/completions", {"model": "pirate", "max_tokens": "many",
+                                                    "messages": [{"role": "user", "content": "hi"}]})
+    assert code == 400 and "max_tokens" in error_of(text)
+    code, text = curl(server, "/chat/completions", {"model": "pirate", "max_tokens": 50,
+                                                    "messages": [{"role": "user", "content": "x" * 80}]})
+    assert code == 400 and "over the model's context of 96 tokens" in error_of(text)
+    code, text = curl(server, "/chat/completions", {"model": "pirate", "adapters": "/elsewhere",
+                                                    "messages": [{"role": "user", "content": "hi"}]})
+    assert code == 400 and "adapters field is not taken" in error_of(text)
+    with pytest.raises(openai.BadRequestError, match="not served here"):
+        chat(server, "gpt-4")
+    assert chat(server, "pirate") == stock["pirate"].text  # still serving
+    assert server.process.poll() is None
+
+
+def test_an_api_key_when_set_is_asked_of_every_request(inputs: Path, stock: dict):
+    key = inputs / "key"
+    key.write_text("s3cret\n")
+    running = start(inputs, 1, "--api-key-file", str(key))
+    try:
+        code, text = curl(running, "/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
+        assert code == 401 and "API key" in error_of(text)
+        with pytest.raises(openai.AuthenticationError):
+            chat(running, "pirate")
+        keyed = openai.OpenAI(base_url=running.url, api_key="s3cret", max_retries=0, timeout=60)
+        answer = keyed.chat.completions.create(model="pirate", max_tokens=TOKENS, temperature=0,
+                                               messages=[{"role": "user", "content": PROMPT}])
+        assert answer.choices[0].message.content == stock["pirate"].text
+    finally:
+        stop(running.process)
+
+
+def test_the_ready_line_names_the_models_and_each_adapter_s_memory(server: Server):
+    line = next(line for line in server.output().splitlines() if READY in line)
+    assert "models: model, pirate, dory (a request without one gets pirate)" in line
+    assert "adapters per rank: pirate" in line and "dory" in line
+
+
+def test_a_folder_that_is_not_an_adapter_is_refused_with_what_to_fix(tmp_path: Path, inputs: Path):
+    with pytest.raises(served_adapters.AdapterError, match=r"adapter_config\.json is missing"):
+        served_adapters.parse([f"x={tmp_path}"])
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"fine_tune_type": "full", "num_layers": 2,
+                                                               "lora_parameters": {"rank": 8}}))
+    (tmp_path / "adapters.safetensors").write_bytes(b"")
+    with pytest.raises(served_adapters.AdapterError, match="serve its fused model with --model"):
+        served_adapters.parse([f"x={tmp_path}"])
+    with pytest.raises(served_adapters.AdapterError, match="names must differ: pirate"):
+        served_adapters.parse([f"pirate={inputs / 'pirate'}", f"pirate={inputs / 'dory'}"])
+    assert [a.name for a in served_adapters.parse([str(inputs / "dory")])] == ["dory"]

@@ -1,0 +1,112 @@
+"""`python -m training.serve`: one rank of a server (every rank of a tensor-parallel one runs it).
+
+Rank 0 listens on HTTP; the others load their shards and follow rank 0's requests. The controller
+starts it on every node (`invoke serve`); by hand, on one machine:
+
+    python -m training.serve --model models/smollm2-135m-float32 --adapter pirate=runs/20261125-101010
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from training.config import ConfigError
+from training.serve.adapters import AdapterError, parse
+from training.serve.model import BASE
+
+READY = "ready: serving"  # what rank 0 prints once it listens (the controller waits for it)
+
+
+def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m training.serve", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="The base model's folder (on every node)")
+    parser.add_argument("--base-name", help="The base's name in the API (default: its folder's name)")
+    parser.add_argument("--adapter", action="append", default=[], metavar="NAME=FOLDER",
+                        help="An adapter folder (a run's) and its name in the API; again for more")
+    parser.add_argument("--default", help="What a request without a model field gets (default: the "
+                        "first adapter, else the base)")
+    parser.add_argument("--host", default="127.0.0.1", help="Address rank 0 listens on (default loopback)")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--api-key-file", type=Path,
+                        help="A file holding the API key every request must send")
+    parser.add_argument("--max-tokens", type=int, default=512, help="Default max_tokens of a request")
+    parser.add_argument("--expected-world-size", type=int, help="Ranks the launcher was asked for")
+    parser.add_argument("--trust-remote-code", action="store_true")
+    parser.add_argument("--log-level", default="WARNING")
+    return parser.parse_args(argv)
+
+
+def watch(generator: Any, grace: float = 2.0) -> None:
+    """Stop rank 0 when its generation thread has died (another rank went away, its collectives
+    failed): the waiting clients get mlx-lm's error first, then the process exits non-zero, which
+    the launcher and the controller see."""
+    while generator.generation_available():
+        time.sleep(0.5)
+    time.sleep(grace)
+    print("error: generation stopped (a rank went away or failed; see above): the server exits",
+          file=sys.stderr, flush=True)
+    os._exit(1)
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.environ) -> int:
+    args = arguments(argv)
+    logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.WARNING),
+                        format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        adapters = parse(args.adapter)
+    except AdapterError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    base_name = args.base_name or Path(args.model).name
+    default = args.default or (adapters[0].name if adapters else BASE)
+    if default not in (BASE, base_name, *(a.name for a in adapters)):
+        print(f"error: --default {default}: not the base ({base_name}) or an adapter", file=sys.stderr)
+        return 2
+    api_key = args.api_key_file.read_text().strip() if args.api_key_file else None
+
+    from mlx_lm.models.cache import LRUPromptCache
+    from mlx_lm.server import _run_http_server
+
+    from training.distributed import DistributedError, init_distributed
+    from training.serve import server
+    from training.serve.model import load
+    from training.sharding.tensor_parallel import check_collectives
+
+    try:
+        group = init_distributed(environ, args.expected_world_size)
+        if group.size() > 1:
+            check_collectives(group, environ)
+        served = load(args.model, adapters, group,
+                      tokenizer_config={"trust_remote_code": args.trust_remote_code})
+    except (ConfigError, DistributedError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    config = json.loads((Path(args.model) / "config.json").read_text())
+    provider = server.Provider(
+        server.cli_args(args.model, max_tokens=args.max_tokens, trust_remote_code=args.trust_remote_code),
+        served, base_name, BASE if default == base_name else default, server.context_length(config))
+    generator = server.Generator(provider, LRUPromptCache(0))
+    if group.rank() != 0:
+        generator.join()  # returns only when generation stopped: a rank went away
+        return 1
+    threading.Thread(target=watch, args=(generator,), daemon=True).start()
+    sizes = ", ".join(f"{name} {size / 2**20:.1f} MB" for name, size in served.adapter_bytes.items())
+    print(f"{READY} http://{args.host}:{args.port}/v1 on {group.size()} rank(s); "
+          f"{server.names_line(base_name, list(served.sets), default if default != base_name else BASE)}"
+          f"{'; adapters per rank: ' + sizes if sizes else ''}; base {served.base_weights}", flush=True)
+    _run_http_server(args.host, args.port, generator, handler_class=server.handler_class(api_key))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
