@@ -32,6 +32,7 @@ from mlxcluster.check import doctor as checkup
 from mlxcluster.describe.cluster import recorded
 from mlxcluster.errors import UserError
 from mlxcluster.jobs import everywhere, flags
+from mlxcluster.jobs import serve as serving
 from mlxcluster.jobs import train as training
 from mlxcluster.lab import cache, hosts, limits
 from mlxcluster.launch import runs
@@ -198,6 +199,28 @@ def run(c, inventory=None, interface=None, dry_run=False):
     program = everywhere.program_of(c.remainder)
     everywhere.run(recorded(_inventory(c, inventory)).cluster, program,
                    interface=flags.interface(interface), dry_run=dry_run)
+
+
+@task(help=helps(
+    "inventory", "threads", "dry_run",
+    run="A run id (or folder) whose adapters to serve; again for more (default: the latest finished run)",
+    model="Base model directory on the controller (default: the runs' own)",
+    parallel="tensor (the base sharded across every node) or single (one process on the launcher); "
+             "default: as the first run trained",
+    host="Address the server listens on, on the launcher (default 127.0.0.1, reached from here "
+         "through an ssh tunnel; another is warned about)",
+    port="Port of the API, on the launcher and here (default 8080)",
+    api_key_file="A file holding the key every request must send (Authorization: Bearer <key>)",
+    max_tokens="Default max_tokens of a request (default 512)",
+    backend="auto (default), mpi, ring, jaccl or jaccl-ring"), iterable=["run"])
+def serve(c, inventory=None, run=None, model=None, parallel=None, host="127.0.0.1", port=None,
+          api_key_file=None, max_tokens=None, backend=None, threads=None, dry_run=False):
+    """Serve what was trained behind an OpenAI-compatible API, across the cluster (Ctrl-C stops it)."""
+    serving.serve(recorded(_inventory(c, inventory)), serving.Options(
+        runs=tuple(run or ()), model=model, parallel=parallel, host=host,
+        port=_whole(port, "--port", 1, 65535) or 8080, api_key_file=api_key_file,
+        max_tokens=_whole(max_tokens, "--max-tokens", 1, 1_000_000) or 512, backend=backend,
+        threads=_whole(threads, "--threads", 1, 1024), dry_run=dry_run))
 
 
 @task(help={"prompt": "What to ask", "adapter": "Run directory with adapters (default: latest)",
@@ -417,7 +440,7 @@ def bench_calibrate(c, inventory=None, iters=None, batch_size=None, data=None, m
                                output=output)
 
 
-ns = Collection(provision, hostfile, topology, doctor, train, run, generate, lint, test,
+ns = Collection(provision, hostfile, topology, doctor, train, run, serve, generate, lint, test,
                 Collection("lab", lab_up, lab_down, lab_status, lab_limit),
                 Collection("bench", bench_provision, bench_rehearsal, bench_train, bench_overhead,
                            bench_links, bench_scaling, bench_shares, bench_tensor, bench_calibrate),

@@ -41,6 +41,7 @@ class _Stream:
     keep: int
     hide: bytes | None
     stamp: bool
+    on_line: Callable[[str], None] | None = None
     tail: bytes = b""
     pending: bytes = b""  # the start of a line not yet complete
     relayed: Relayed = field(default_factory=lambda: Relayed(None, ""))
@@ -48,7 +49,7 @@ class _Stream:
     def take(self, chunk: bytes, out: object) -> None:
         """Pass `chunk` on to `out` (a binary file) and remember what is needed of it."""
         self.tail = (self.tail + chunk)[-self.keep:]
-        if self.hide is None and not self.stamp:
+        if self.hide is None and not self.stamp and self.on_line is None:
             out.write(chunk)  # type: ignore[attr-defined]
             return
         now = time.monotonic()
@@ -58,6 +59,8 @@ class _Stream:
             line = raw.decode(errors="replace")
             if self.stamp:
                 self.relayed.stamped.append((now, line))
+            if self.on_line is not None:
+                self.on_line(line)
             if self.hide is not None and self.hide in raw:
                 self.relayed.held_back.append(line)
             else:
@@ -67,15 +70,16 @@ class _Stream:
 
 def relay(cmd: Sequence[str], *, keep: int = 1 << 16, on_stall: Callable[[], None] | None = None,
           timeout: float | None = None, hide: str | None = None, stamp: bool = False,
-          stdin: int | None = None) -> Relayed:
+          stdin: int | None = None, on_line: Callable[[str], None] | None = None) -> Relayed:
     """Run `cmd` with its output passed through as it comes.
 
     on_stall is called once if a rank reported a stall and cmd is still running STALL_GRACE
     seconds later; after `timeout` seconds cmd is killed (code None). Lines holding `hide` are
-    not shown but returned; with `stamp`, every line is returned with the time it arrived.
+    not shown but returned; with `stamp`, every line is returned with the time it arrived;
+    `on_line` is called with each whole line as it arrives.
     stdin: the command's (default: this one's, so that ssh -tt passes Ctrl-C on at a terminal).
     """
-    stream = _Stream(keep, hide.encode() if hide else None, stamp)
+    stream = _Stream(keep, hide.encode() if hide else None, stamp, on_line)
     deadline = None if timeout is None else time.monotonic() + timeout
     out = sys.stdout.buffer
     stalled_at: float | None = None

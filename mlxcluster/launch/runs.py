@@ -166,22 +166,22 @@ def named_in(output: str) -> Path | None:
 ADAPTER_FILES = ("adapter_config.json", "adapters.safetensors")
 
 
-def adapters_of(run: Path) -> Path:
+def adapters_of(run: Path, flag: str = "--adapter") -> Path:
     """A folder of LoRA adapters as mlx-lm loads them (a run's folder, or any with mlx-lm's two
     files); a RunError naming what it lacks."""
     if not run.is_dir():
-        raise RunError(f"--adapter {run}: no such folder; give a run's folder, e.g. runs/<id>")
+        raise RunError(f"{flag} {run}: no such folder; give a run's folder, e.g. runs/<id>")
     for name in ADAPTER_FILES:
         if not (run / name).is_file():
-            raise RunError(f"--adapter {run}: no {name} (a broken link, or not a folder of adapters); "
+            raise RunError(f"{flag} {run}: no {name} (a broken link, or not a folder of adapters); "
                            "give a finished run's folder, e.g. runs/<id>")
     try:
         config = json.loads((run / "adapter_config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as error:
-        raise RunError(f"--adapter {run}: adapter_config.json cannot be read ({error})") from None
+        raise RunError(f"{flag} {run}: adapter_config.json cannot be read ({error})") from None
     if not isinstance(config, dict) or not ({"num_layers", "lora_parameters"} <= config.keys()
                                             or config.get("fine_tune_type") == "full"):
-        raise RunError(f"--adapter {run}: adapter_config.json lacks num_layers and lora_parameters, "
+        raise RunError(f"{flag} {run}: adapter_config.json lacks num_layers and lora_parameters, "
                        "which mlx-lm needs to place the adapters")
     return run
 

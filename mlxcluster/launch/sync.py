@@ -144,18 +144,26 @@ def plain_name(path: Path, what: str) -> str:
     return name
 
 
-def placement(cluster: Cluster, data: Path, model: Path, config: Path | None = None,
-              installed: str | None = None) -> Placed:
+def model_place(cluster: Cluster, model: Path, installed: str | None = None) -> str:
+    """Where the model is on every node: where provisioning `installed` it, else under models/."""
+    if installed:
+        return installed
     head = cluster.head
-    for path, what in ((data, "data"), (model, "model"), (config, "config")):
-        if path is not None and not (what == "model" and installed):
-            plain_name(path, what)
-    given = f"{head.models_dir}/{model.name}"
-    if not installed and head.model and given == head.model.get("path"):
+    given = f"{head.models_dir}/{plain_name(model, 'model')}"
+    if head.model and given == head.model.get("path"):
         # Another model under the provisioned one's name: copying it there would replace the
         # provisioned copy, and the next provisioning would replace it back.
         given = f"{head.models_dir}/given/{model.name}"
-    return Placed(data=f"{head.work_dir}/data/{data.name}", model=installed or given,
+    return given
+
+
+def placement(cluster: Cluster, data: Path, model: Path, config: Path | None = None,
+              installed: str | None = None) -> Placed:
+    head = cluster.head
+    for path, what in ((data, "data"), (config, "config")):
+        if path is not None:
+            plain_name(path, what)
+    return Placed(data=f"{head.work_dir}/data/{data.name}", model=model_place(cluster, model, installed),
                   config=f"{head.work_dir}/config/{config.name}" if config else None)
 
 

@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from training.config import ConfigError
+from training.serve import READY
 from training.serve.adapters import AdapterError, parse
 from training.serve.model import BASE
-
-READY = "ready: serving"  # what rank 0 prints once it listens (the controller waits for it)
 
 
 def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -42,6 +41,7 @@ def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=512, help="Default max_tokens of a request")
     parser.add_argument("--expected-world-size", type=int, help="Ranks the launcher was asked for")
     parser.add_argument("--trust-remote-code", action="store_true")
+    parser.add_argument("--tag", help="Names this server's processes (the controller stops them by it)")
     parser.add_argument("--log-level", default="WARNING")
     return parser.parse_args(argv)
 

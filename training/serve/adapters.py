@@ -52,8 +52,9 @@ def read(name: str, path: Path) -> Adapter:
         raise AdapterError(f"adapter {name}: {config_file} is not JSON: {error}") from None
     kind = config.get("fine_tune_type", "lora")
     if kind not in ADAPTER_TYPES:
-        raise AdapterError(f"adapter {name}: fine_tune_type {kind} trains the whole model, not an adapter "
-                           "over a shared base: serve its fused model with --model instead")
+        raise AdapterError(f"adapter {name}: fine_tune_type {kind} trains the whole model, not an "
+                           "adapter over a shared base: make it a model folder (mlx_lm fuse) and serve "
+                           "that with --model")
     layers, parameters = config.get("num_layers"), config.get("lora_parameters")
     if not isinstance(layers, int) or not isinstance(parameters, dict) or "rank" not in parameters:
         raise AdapterError(f"adapter {name}: {config_file} lacks num_layers or lora_parameters "

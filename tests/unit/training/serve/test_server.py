@@ -24,8 +24,8 @@ from mlx_lm import load, stream_generate
 from mlx_lm.tuner.utils import linear_to_lora_layers
 
 from training.model import stand_in
+from training.serve import READY
 from training.serve import adapters as served_adapters
-from training.serve.__main__ import READY
 
 openai = pytest.importorskip("openai")
 
@@ -69,17 +69,19 @@ class Answer:
     tokens: list[int]  # the token ids it generates (its own load and stream_generate, as it runs them)
 
 
-def stock_answer(root: Path, adapter: str | None) -> Answer:
-    """What `mlx_lm generate` answers, greedily, with the adapter (None: the base)."""
-    command = [sys.executable, "-m", "mlx_lm", "generate", "--model", str(root / "model"),
-               "--prompt", PROMPT, "--max-tokens", str(TOKENS), "--verbose", "False",
-               *(["--adapter-path", str(root / adapter)] if adapter else [])]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
-    model, tokenizer = load(str(root / "model"), adapter_path=str(root / adapter) if adapter else None)
-    text = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], tokenize=False,
+def stock_answer(model_dir: Path, adapter: Path | None, prompt: str = PROMPT,
+                 max_tokens: int = TOKENS) -> Answer:
+    """What `mlx_lm generate` answers, greedily, with the adapters in `adapter` (None: the base)."""
+    command = [sys.executable, "-m", "mlx_lm", "generate", "--model", str(model_dir),
+               "--prompt", prompt, "--max-tokens", str(max_tokens), "--verbose", "False",
+               *(["--adapter-path", str(adapter)] if adapter else [])]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True,
+                            stdin=subprocess.DEVNULL)
+    model, tokenizer = load(str(model_dir), adapter_path=str(adapter) if adapter else None)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                          add_generation_prompt=True)
-    prompt = tokenizer.encode(text, add_special_tokens=False)  # as the command encodes a templated prompt
-    tokens = [step.token for step in stream_generate(model, tokenizer, prompt, max_tokens=TOKENS)]
+    ids = tokenizer.encode(text, add_special_tokens=False)  # as the command encodes a templated prompt
+    tokens = [step.token for step in stream_generate(model, tokenizer, ids, max_tokens=max_tokens)]
     return Answer(result.stdout.removesuffix("\n"), [t for t in tokens if t not in tokenizer.eos_token_ids])
 
 
@@ -110,7 +112,9 @@ def start(root: Path, ranks: int, *extra: str) -> Server:
         program = [*launcher, "--", *program, "--expected-world-size", str(ranks)]
     log = root / f"server-{ranks}-{port}.log"
     with log.open("w") as out:  # the server writes on; this process's copy closes
-        process = subprocess.Popen(program, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        # No stdin: mlx.launch would set a shared one non-blocking (ansible-playbook, later, refuses it).
+        process = subprocess.Popen(program, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
     deadline = time.monotonic() + 180
     while READY not in log.read_text():
         if process.poll() is not None or time.monotonic() > deadline:
@@ -139,7 +143,8 @@ def server(request: pytest.FixtureRequest, inputs: Path) -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def stock(inputs: Path) -> dict[str | None, Answer]:
-    return {name: stock_answer(inputs, name) for name in (None, *ADAPTERS)}
+    return {name: stock_answer(inputs / "model", inputs / name if name else None)
+            for name in (None, *ADAPTERS)}
 
 
 def client(server: Server) -> openai.OpenAI:
@@ -270,7 +275,7 @@ def test_a_folder_that_is_not_an_adapter_is_refused_with_what_to_fix(tmp_path: P
     (tmp_path / "adapter_config.json").write_text(json.dumps({"fine_tune_type": "full", "num_layers": 2,
                                                                "lora_parameters": {"rank": 8}}))
     (tmp_path / "adapters.safetensors").write_bytes(b"")
-    with pytest.raises(served_adapters.AdapterError, match="serve its fused model with --model"):
+    with pytest.raises(served_adapters.AdapterError, match="serve that with --model"):
         served_adapters.parse([f"x={tmp_path}"])
     with pytest.raises(served_adapters.AdapterError, match="names must differ: pirate"):
         served_adapters.parse([f"pirate={inputs / 'pirate'}", f"pirate={inputs / 'dory'}"])

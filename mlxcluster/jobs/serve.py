@@ -1,0 +1,250 @@
+"""`invoke serve`: what was trained, behind an OpenAI-compatible API, across the cluster.
+
+The base model is loaded on the training nodes as the runs trained it: sharded across every rank
+(`--parallel tensor`, the only way to serve a model no node holds alone), or whole in one process
+on the launcher (a data-parallel run's model fits a node). Every run given (`--run`, again for
+more) is an adapter over that one base, picked by a request's `model` field under its run id; the
+base answers under its folder's name. The nodes get the code, the model and each run's two adapter
+files (nothing else of the run), then every rank starts `python -m training.serve`
+(training/serve/): rank 0 listens on the launcher's loopback, and the controller reaches it through an
+ssh tunnel from its own loopback (the same port), so nothing listens on a network unless
+`--host` says so (with a warning). Ctrl-C stops every rank; a rank that dies ends the server with
+the node named and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shlex
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlxcluster.describe.cluster import Cluster, Node, Recorded
+from mlxcluster.errors import Interrupted, UserError
+from mlxcluster.launch import builder, parallel, relay, remote, runs, shipment, sync
+from mlxcluster.paths import RUNS
+from mlxcluster.provision import inputs
+from training.serve import READY
+
+MODES = ("tensor", "single")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+class ServeFailed(UserError):
+    """The server stopped on its own: a rank died or could not start; the message names the node."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """invoke serve's options, as given."""
+
+    runs: tuple[str, ...] = ()  # run ids or folders (none: the latest finished run)
+    model: str | None = None  # the base (default: the runs' own)
+    parallel: str | None = None  # tensor or single (default: as the first run trained)
+    host: str = "127.0.0.1"  # where rank 0 listens on the launcher
+    port: int = 8080
+    api_key_file: str | None = None
+    max_tokens: int = 512
+    backend: str | None = None
+    threads: int | None = None
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class Served:
+    """The adapters of the runs given and the base they share."""
+
+    runs: tuple[Path, ...]
+    model: Path
+    mode: str  # tensor or single
+
+
+def runs_of(given: Sequence[str]) -> list[Path]:
+    """The run folders `--run` names (a run id under runs/, or a folder), each with its adapter files;
+    none given: the latest finished run."""
+    found = []
+    for item in given or ():
+        folder = RUNS / item if (RUNS / item).is_dir() and "/" not in item else Path(item)
+        found.append(runs.adapters_of(folder, "--run"))
+    if not found:
+        found = [runs.adapters_of(runs.latest_finished())]
+    names = [run.name for run in found]
+    if twice := sorted({n for n in names if names.count(n) > 1}):
+        raise UserError(f"--run {', '.join(twice)} given twice: each run is one adapter")
+    return found
+
+
+def served(options: Options) -> Served:
+    """What to serve: the runs, their one base and the way to load it; a UserError when they do not
+    share a base or the mode is unknown."""
+    run_dirs = runs_of(options.runs)
+    bases = {run.name: runs.model_for(run, options.model).resolve() for run in run_dirs}
+    if len(set(bases.values())) > 1:
+        listed = "; ".join(f"{name}: {base}" for name, base in bases.items())
+        raise UserError(f"the runs were trained on different base models ({listed}): serve the runs of "
+                        "one base at a time, or pass --model to serve them all over one")
+    if options.parallel == "pipeline":
+        raise UserError("--parallel pipeline is not served: mlx-lm's pipeline stages cannot hold "
+                        "adapters; --parallel tensor splits a model no node holds across the nodes")
+    if options.parallel not in (None, *MODES):
+        raise UserError(f"--parallel must be {' or '.join(MODES)}, not {options.parallel!r}")
+    # A folder of adapters alone (no run.json, --model given) was not trained here: one process.
+    trained = runs.read_info(run_dirs[0]).get("parallel") if (run_dirs[0] / "run.json").is_file() else None
+    mode = options.parallel or ("tensor" if trained == "tensor" else "single")
+    for run in run_dirs:
+        if _fine_tune_type(run) == "full":
+            raise UserError(f"run {run.name} trained the whole model (fine_tune_type full), not an adapter: "
+                            f"make it a model folder (mlx_lm fuse --model <base> --adapter-path {run}) "
+                            "and serve that with --model")
+    return Served(tuple(run_dirs), next(iter(bases.values())), mode)
+
+
+def _fine_tune_type(run: Path) -> str:
+    return json.loads((run / "adapter_config.json").read_text()).get("fine_tune_type", "lora")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One server, whole: where it runs, what is sent, the launch and the tunnel."""
+
+    cluster: Cluster  # the ranks that serve: every training node, or the launcher alone
+    steps: list[sync.Step]
+    launch: list[str]
+    tunnel: list[str] | None  # the controller's ssh that forwards the port (None: not needed)
+    url: str  # where clients on the controller reach the API
+    said: tuple[str, ...]
+    marker: str  # what names the server's processes on the launcher
+
+
+def layout(rec: Recorded, mode: str) -> Cluster:
+    return rec.cluster if mode == "tensor" else rec.cluster.only(rec.cluster.head)
+
+
+def plan(rec: Recorded, options: Options, serve_id: str) -> Plan:
+    """The server as commands; nothing is run."""
+    what = served(options)
+    cluster = layout(rec, what.mode)
+    if what.mode == "tensor":
+        parallel.check(cluster, what.model, "tensor")
+    head = cluster.head
+    installed = inputs.installed_model(rec.cluster, str(what.model))
+    model = shipment.Shipment(what.model, ()) if installed else shipment.model(what.model)
+    placed_model = sync.model_place(cluster, what.model, installed["path"] if installed else None)
+    steps: list[sync.Step] = list(sync.push_code(cluster))
+    if not installed:
+        steps.append((f"copy the model to {head.name}", sync.send(model, head, placed_model)))
+        steps += sync.fan_out(cluster, model, placed_model)
+    steps += [(f"verify the model's checksums on {node.name}", sync.verify_model(node, placed_model))
+              for node in cluster.training_nodes]
+    marker = f"serve-{serve_id}"
+    # A run's adapters keep one place on the nodes: serving it again sends nothing.
+    adapters_dir = f"{head.work_dir}/adapters"
+    flags = []
+    for run in what.runs:
+        files = shipment.select(run, runs.ADAPTER_FILES, f"run {run.name}'s adapters")
+        steps += [(f"send run {run.name}'s adapters to {node.name}",
+                   sync.send(files, node, f"{adapters_dir}/{run.name}")) for node in cluster.training_nodes]
+        flags.append(f"--adapter={run.name}={adapters_dir}/{run.name}")
+    key_flags = []
+    if options.api_key_file:
+        key = Path(options.api_key_file)
+        if not key.is_file() or not key.read_text().strip():
+            raise UserError(f"--api-key-file {key}: no such file, or it is empty; put the key in it")
+        # Rank 0, on the launcher, checks every request: the key goes there only.
+        steps.append((f"send the API key to {head.name}",
+                      sync.push(key.resolve(), head, f"{head.work_dir}/{marker}", delete=False)))
+        key_flags = ["--api-key-file", f"{head.work_dir}/{marker}/{key.name}"]
+    program = ["python", "-m", "training.serve", "--model", placed_model, "--base-name", what.model.name,
+               *flags, "--host", options.host, "--port", str(options.port),
+               "--max-tokens", str(options.max_tokens), "--expected-world-size", str(cluster.world_size),
+               "--tag", marker, *key_flags]
+    choice = builder.choice_for(cluster, options.backend)
+    job = builder.Job(program, backend=choice.backend, threads=options.threads, interactive=False,
+                      mlx_envs=rec.mlx_envs)
+    local = remote.is_local(head) or options.host not in LOOPBACK
+    tunnel = None if local else [*remote.ssh_options(head), "-N", "-o", "ExitOnForwardFailure=yes",
+                                 "-L", f"127.0.0.1:{options.port}:127.0.0.1:{options.port}",
+                                 remote.destination(head)]
+    ranks = f"{cluster.world_size} rank{'s' if cluster.world_size > 1 else ''}"
+    how = "tensor-parallel across " + ", ".join(n.name for n in cluster.training_nodes) \
+        if what.mode == "tensor" else f"one process on {head.name}"
+    said = (f"base {what.model} ({how}, {ranks}); adapters: {', '.join(r.name for r in what.runs)}",
+            *([f"warning: listening on {options.host}: anyone who reaches {head.name} on port {options.port} "
+               "can use the API" + ("" if options.api_key_file else " (no --api-key-file)")]
+              if options.host not in LOOPBACK else []))
+    return Plan(cluster, steps, builder.command(cluster, job), tunnel,
+                f"http://{reached_at(head, options.host)}:{options.port}/v1", said, marker)
+
+
+def reached_at(head: Node, host: str) -> str:
+    """The address clients on the controller use: its loopback (the tunnel's end, or the launcher
+    is this machine), else the address the server listens on (the launcher's own, for any)."""
+    if host in LOOPBACK:
+        return "127.0.0.1"
+    if host in ("0.0.0.0", "::"):
+        return "127.0.0.1" if remote.is_local(head) else remote.destination(head).rpartition("@")[2]
+    return host
+
+
+@contextlib.contextmanager
+def tunnel(command: list[str] | None, port: int) -> Iterator[None]:
+    """The controller's end of the API: an ssh forward of the launcher's loopback port (none when
+    the launcher is this machine or the server listens on a network)."""
+    if command is None:
+        yield
+        return
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)
+    if process.poll() is not None:
+        raise UserError(f"could not forward port {port} from this machine to the launcher "
+                        f"(is it taken here? pass another --port): {process.stderr.read().strip()[-300:]}")
+    try:
+        yield
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def execute(plan: Plan) -> None:
+    """Send, start every rank, say where the API is once rank 0 listens, and relay its output until
+    Ctrl-C (every rank stopped: Interrupted) or the server stops on its own (ServeFailed)."""
+    sync.run_steps(plan.steps)
+    for line in plan.said:
+        print(f"==> {line}", flush=True)
+    print(f"==> starting the server on {plan.cluster.world_size} rank(s)", flush=True)
+    stack = contextlib.ExitStack()
+
+    def on_line(line: str) -> None:
+        if READY in line:
+            stack.enter_context(tunnel(plan.tunnel, int(plan.url.rsplit(":", 1)[1].split("/")[0])))
+            print(f"==> the API is at {plan.url} (OpenAI-compatible; Ctrl-C stops every rank)", flush=True)
+
+    with stack:
+        try:
+            relayed = relay.supervise(plan.cluster, plan.launch, plan.marker, on_line=on_line,
+                                      stdin=subprocess.DEVNULL)
+        except KeyboardInterrupt:
+            raise Interrupted(f"stopped: every rank of the server on {plan.cluster.head.name} was "
+                              "stopped") from None
+    why = builder.describe_failure(plan.cluster, relayed.output, relayed.code, "tensor")
+    raise ServeFailed(f"the server stopped (exit {relayed.code}): {why}", code=relayed.code or 1)
+
+
+def serve(rec: Recorded, options: Options) -> None:
+    """invoke serve."""
+    the_plan = plan(rec, options, runs.new_id())
+    if options.dry_run:
+        for line in the_plan.said:
+            print(f"# {line}")
+        sync.run_steps(the_plan.steps, dry_run=True)
+        print(f"# launch on {the_plan.cluster.head.name}\n{shlex.join(the_plan.launch)}")
+        if the_plan.tunnel:
+            print(f"# forward the API to this machine\n{shlex.join(the_plan.tunnel)}")
+        return
+    execute(the_plan)
+

@@ -1,0 +1,106 @@
+"""invoke serve's plan (mlxcluster/jobs/serve.py): the runs it serves and their one base, where it
+runs (sharded across every node, or one process on the launcher), what is sent (the code, the
+model, each run's two adapter files), the launch and the ssh tunnel; refusals that say what to do."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from mlxcluster.describe.cluster import Cluster, Recorded
+from mlxcluster.errors import UserError
+from mlxcluster.jobs import serve
+from tests.unit import fake_inputs
+from tests.unit.mlxcluster.jobs.test_train import lab_layout
+
+
+def run(root: Path, name: str, model: Path, parallel: str = "tensor", kind: str = "lora") -> Path:
+    """A finished run's folder as invoke train leaves it, as far as serving reads it."""
+    folder = root / name
+    folder.mkdir(parents=True)
+    (folder / "adapters.safetensors").write_bytes(b"\0" * 8)
+    (folder / "adapter_config.json").write_text(json.dumps(
+        {"fine_tune_type": kind, "num_layers": 2, "lora_parameters": {"rank": 4}}))
+    (folder / "run.json").write_text(json.dumps({"model": str(model), "parallel": parallel}))
+    return folder
+
+
+def recorded() -> Recorded:
+    return Recorded("inventory/lab/hosts.yml", Cluster.from_json(lab_layout()), Path("/nowhere"))
+
+
+def plan(*runs: Path, **options: object) -> serve.Plan:
+    return serve.plan(recorded(), serve.Options(runs=tuple(str(r) for r in runs), **options), "20261125-1")
+
+
+def test_a_tensor_parallel_run_is_served_sharded_on_every_node_through_a_tunnel(tmp_path: Path):
+    model = fake_inputs.model("/m/tiny")
+    first, second = run(tmp_path, "20261125-101", model), run(tmp_path, "20261125-102", model, "data")
+    the_plan = plan(first, second)
+    assert [label for label, _ in the_plan.steps] == [
+        "sync code to node1", "sync code to node2", "copy the model to node1",
+        "copy the model from node1 to node2 over the cluster link",
+        "verify the model's checksums on node1", "verify the model's checksums on node2",
+        "send run 20261125-101's adapters to node1", "send run 20261125-101's adapters to node2",
+        "send run 20261125-102's adapters to node1", "send run 20261125-102's adapters to node2"]
+    sent = shlex.join(the_plan.steps[6][1])
+    # Only the run's two adapter files leave the controller.
+    assert "--include=/adapter_config.json --include=/adapters.safetensors '--exclude=*'" in sent
+    assert sent.endswith("root@10.77.5.11:/opt/mlx-cluster/work/adapters/20261125-101/")
+    line = the_plan.launch[-1]
+    assert "mpirun" in line and "-np 2" in line
+    assert ("-m training.serve --model /opt/mlx-cluster/models/tiny --base-name tiny "
+            "--adapter=20261125-101=/opt/mlx-cluster/work/adapters/20261125-101 "
+            "--adapter=20261125-102=/opt/mlx-cluster/work/adapters/20261125-102 --host 127.0.0.1 --port 8080 "
+            "--max-tokens 512 --expected-world-size 2 --tag serve-20261125-1") in line
+    assert shlex.join(the_plan.tunnel or []).endswith(
+        "-N -o ExitOnForwardFailure=yes -L 127.0.0.1:8080:127.0.0.1:8080 root@10.77.5.11")
+    assert the_plan.url == "http://127.0.0.1:8080/v1"
+    assert "tensor-parallel across node1, node2, 2 ranks" in the_plan.said[0]
+    assert the_plan.marker == "serve-20261125-1"
+
+
+def test_a_data_parallel_run_is_served_by_one_process_on_the_launcher(tmp_path: Path):
+    model = fake_inputs.model("/m/tiny")
+    the_plan = plan(run(tmp_path, "20261125-103", model, "data"), port=9000)
+    assert the_plan.cluster.world_size == 1 and the_plan.cluster.head.name == "node1"
+    assert "mpirun" not in the_plan.launch[-1] and "--expected-world-size 1" in the_plan.launch[-1]
+    assert "one process on node1" in the_plan.said[0]
+    assert the_plan.url == "http://127.0.0.1:9000/v1"
+    # Asked for, the same run is served sharded.
+    assert plan(run(tmp_path, "20261125-104", model, "data"), parallel="tensor").cluster.world_size == 2
+
+
+def test_listening_on_a_network_is_warned_about_and_needs_no_tunnel(tmp_path: Path):
+    key = tmp_path / "key"
+    key.write_text("s3cret\n")
+    the_plan = plan(run(tmp_path, "20261125-105", fake_inputs.model("/m/tiny")), host="0.0.0.0",
+                    api_key_file=str(key))
+    assert the_plan.tunnel is None and the_plan.url == "http://10.77.5.11:8080/v1"
+    assert any(line.startswith("warning: listening on 0.0.0.0") for line in the_plan.said)
+    assert "--api-key-file /opt/mlx-cluster/work/serve-20261125-1/key" in the_plan.launch[-1]
+    assert [label for label, _ in the_plan.steps if "API key" in label] == ["send the API key to node1"]
+
+
+def test_what_cannot_be_served_is_refused_with_what_to_do(tmp_path: Path):
+    tiny, other = fake_inputs.model("/m/tiny"), fake_inputs.model("/m/other")
+    mine = run(tmp_path, "20261125-106", tiny)
+    with pytest.raises(UserError, match="trained on different base models"):
+        plan(mine, run(tmp_path, "20261125-107", other))
+    with pytest.raises(UserError, match="pipeline is not served"):
+        plan(mine, parallel="pipeline")
+    with pytest.raises(UserError, match="must be tensor or single"):
+        plan(mine, parallel="sideways")
+    with pytest.raises(UserError, match=r"fine_tune_type full.*mlx_lm fuse"):
+        plan(run(tmp_path, "20261125-108", tiny, kind="full"))
+    with pytest.raises(UserError, match="given twice"):
+        plan(mine, mine)
+    with pytest.raises(UserError, match=r"--run .*: no adapter_config\.json"):
+        plan(tmp_path / "20261125-106" / "..")
+    with pytest.raises(UserError, match=r"api-key-file .* no such file"):
+        plan(mine, api_key_file=str(tmp_path / "missing"))
+    # Several runs over one base, one given with --model: served over that base.
+    assert plan(mine, run(tmp_path, "20261125-109", other), model=str(tiny)).cluster.world_size == 2
