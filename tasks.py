@@ -206,7 +206,7 @@ def run(c, inventory=None, interface=None, dry_run=False):
     run="A run id (or folder) whose adapters to serve; again for more (default: the latest finished run)",
     model="Base model directory on the controller (default: the runs' own)",
     parallel="tensor (the base sharded across every node) or single (one process on the launcher); "
-             "default: as the first run trained",
+             "default: tensor if a run trained so, else single",
     host="Address the server listens on, on the launcher (default 127.0.0.1, reached from here "
          "through an ssh tunnel; another is warned about)",
     port="Port of the API, on the launcher and here (default 8080)",

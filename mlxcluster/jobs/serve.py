@@ -23,6 +23,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlxcluster.check import doctor, room
 from mlxcluster.describe.cluster import Cluster, Node, Recorded
 from mlxcluster.errors import Interrupted, UserError
 from mlxcluster.launch import builder, parallel, relay, remote, runs, shipment, sync
@@ -44,7 +45,7 @@ class Options:
 
     runs: tuple[str, ...] = ()  # run ids or folders (none: the latest finished run)
     model: str | None = None  # the base (default: the runs' own)
-    parallel: str | None = None  # tensor or single (default: as the first run trained)
+    parallel: str | None = None  # tensor or single (default: tensor if a run trained so)
     host: str = "127.0.0.1"  # where rank 0 listens on the launcher
     port: int = 8080
     api_key_file: str | None = None
@@ -56,7 +57,7 @@ class Options:
 
 @dataclass(frozen=True)
 class Served:
-    """The adapters of the runs given and the base they share."""
+    """The adapters of the runs given, the base they share, and how it is loaded."""
 
     runs: tuple[Path, ...]
     model: Path
@@ -92,9 +93,10 @@ def served(options: Options) -> Served:
                         "adapters; --parallel tensor splits a model no node holds across the nodes")
     if options.parallel not in (None, *MODES):
         raise UserError(f"--parallel must be {' or '.join(MODES)}, not {options.parallel!r}")
-    # A folder of adapters alone (no run.json, --model given) was not trained here: one process.
-    trained = runs.read_info(run_dirs[0]).get("parallel") if (run_dirs[0] / "run.json").is_file() else None
-    mode = options.parallel or ("tensor" if trained == "tensor" else "single")
+    # A run trained tensor-parallel may be of a model no node holds: then all are served sharded.
+    # A folder of adapters alone (no run.json, --model given) was not trained here.
+    trained = {runs.read_info(run).get("parallel") for run in run_dirs if (run / "run.json").is_file()}
+    mode = options.parallel or ("tensor" if "tensor" in trained else "single")
     for run in run_dirs:
         if _fine_tune_type(run) == "full":
             raise UserError(f"run {run.name} trained the whole model (fine_tune_type full), not an adapter: "
@@ -111,6 +113,8 @@ def _fine_tune_type(run: Path) -> str:
 class Plan:
     """One server, whole: where it runs, what is sent, the launch and the tunnel."""
 
+    model: Path  # the base, on the controller
+    mode: str  # tensor or single
     cluster: Cluster  # the ranks that serve: every training node, or the launcher alone
     steps: list[sync.Step]
     launch: list[str]
@@ -176,7 +180,7 @@ def plan(rec: Recorded, options: Options, serve_id: str) -> Plan:
             *([f"warning: listening on {options.host}: anyone who reaches {head.name} on port {options.port} "
                "can use the API" + ("" if options.api_key_file else " (no --api-key-file)")]
               if options.host not in LOOPBACK else []))
-    return Plan(cluster, steps, builder.command(cluster, job), tunnel,
+    return Plan(what.model, what.mode, cluster, steps, builder.command(cluster, job), tunnel,
                 f"http://{reached_at(head, options.host)}:{options.port}/v1", said, marker)
 
 
@@ -246,5 +250,9 @@ def serve(rec: Recorded, options: Options) -> None:
         if the_plan.tunnel:
             print(f"# forward the API to this machine\n{shlex.join(the_plan.tunnel)}")
         return
+    # The nodes' checks, and memory for what each rank will hold, before anything is sent.
+    held = "tensor" if the_plan.mode == "tensor" else "data"
+    doctor.preflight(the_plan.cluster, room.for_run(the_plan.cluster, the_plan.model, parallel=held,
+                                                    dequantize_ranks=()))
     execute(the_plan)
 

@@ -540,6 +540,123 @@ def test_a_home_folder_given_as_data_model_config_or_run_sends_only_what_the_job
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
+# --- invoke serve: what was trained, behind the API, across the same two nodes -----------------------
+
+SERVE_PORT = 18091
+
+
+def serve_pids(cluster, node: int) -> list[int]:
+    """The server's processes on one lab node (its network namespace's, as finetune_pids)."""
+    return pids_running(cluster, node, b"training.serve")
+
+
+def pids_running(cluster, node: int, program: bytes) -> list[int]:
+    pids = subprocess.run(["ip", "netns", "pids", cluster.lab.netns(node)], capture_output=True,
+                          text=True, check=True).stdout.split()
+    found = []
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            if program in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(int(pid))
+    return found
+
+
+@contextlib.contextmanager
+def serving(cluster, *args: str) -> Iterator[subprocess.Popen]:
+    """`invoke serve` as a user starts it, handed over once it says where the API is."""
+    command = [INVOKE, "serve", "-i", str(cluster.inventory), "--port", str(SERVE_PORT), *args]
+    server = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              stdin=subprocess.DEVNULL, preexec_fn=_ctrl_c_as_at_a_terminal)
+    assert server.stdout is not None and server.stderr is not None
+    try:
+        for line in server.stdout:
+            if "==> the API is at" in line:
+                break
+        else:
+            pytest.fail(f"the server never started: {server.stderr.read()[-3000:]}")
+        yield server
+    finally:
+        server.kill()
+        server.communicate()
+
+
+@pytest.fixture(scope="module")
+def two_adapters(provisioned, tiny_inputs) -> Iterator[tuple[Path, Path]]:
+    """A tensor-parallel LoRA run and a data-parallel DoRA run of the tiny model on both nodes."""
+    model_dir, data_dir = tiny_inputs
+    common = ["--model", str(model_dir), "--data", str(data_dir), "--iters", "6", "--batch-size", "2"]
+    settings = ("--steps-per-report 3 --steps-per-eval 6 --val-batches 1 --max-seq-length 256 "
+                "--num-layers -1 --learning-rate 5e-3")
+    lora = finished_run(invoke_train(provisioned, *common, "--parallel", "tensor", "--extra", settings))
+    dora = finished_run(invoke_train(provisioned, *common, "--extra", settings + " --fine-tune-type dora"))
+    try:
+        yield lora, dora
+    finally:
+        shutil.rmtree(lora, ignore_errors=True)
+        shutil.rmtree(dora, ignore_errors=True)
+
+
+def test_serve_shards_the_base_across_both_nodes_and_answers_each_adapter_as_mlx_lm_generate(
+        provisioned, tiny_inputs, two_adapters):
+    import openai
+
+    from tests.unit.training.serve.test_server import stock_answer
+
+    model_dir = tiny_inputs[0]
+    lora, dora = two_adapters
+    prompt = "Where be the treasure?"
+    stock = {name: stock_answer(model_dir, folder, prompt, 16)
+             for name, folder in ((model_dir.name, None), (lora.name, lora), (dora.name, dora))}
+    with serving(provisioned, "--run", lora.name, "--run", dora.name) as server:
+        api = openai.OpenAI(base_url=f"http://127.0.0.1:{SERVE_PORT}/v1", api_key="unused", max_retries=0,
+                            timeout=120)
+        assert [m.id for m in api.models.list().data] == [model_dir.name, lora.name, dora.name]
+        # Both nodes hold a rank of the server: the base is sharded (the LoRA run trained so).
+        assert serve_pids(provisioned, 1) and serve_pids(provisioned, 2)
+        for name in (lora.name, dora.name, model_dir.name, lora.name):
+            asked = api.chat.completions.create(model=name, max_tokens=16, temperature=0, logprobs=True,
+                                                messages=[{"role": "user", "content": prompt}])
+            assert asked.choices[0].message.content == stock[name].text, name
+            eos = {tiny_eos(model_dir)}
+            assert [t.id for t in asked.choices[0].logprobs.content if t.id not in eos] == stock[name].tokens
+            streamed = api.chat.completions.create(model=name, max_tokens=16, temperature=0, stream=True,
+                                                   messages=[{"role": "user", "content": prompt}])
+            said = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+            assert said == stock[name].text, name
+        with pytest.raises(openai.BadRequestError):
+            api.chat.completions.create(model="nobody", max_tokens=4,
+                                        messages=[{"role": "user", "content": "hi"}])
+        # A rank that dies ends the server: the node is named, the exit is not 0, nothing is left.
+        killed = time.perf_counter()
+        for pid in serve_pids(provisioned, 2):
+            os.kill(pid, signal.SIGKILL)
+        _, stderr = server.communicate(timeout=120)
+        print(f"a serving rank killed -> invoke serve returned in {time.perf_counter() - killed:.1f} s")
+    assert server.returncode not in (0, None)
+    assert "node2" in stderr and "the server stopped" in stderr, stderr[-2000:]
+    for node in (1, 2):
+        assert serve_pids(provisioned, node) == []
+
+
+def tiny_eos(model_dir: Path) -> int:
+    from mlx_lm.utils import load_tokenizer
+
+    return load_tokenizer(model_dir).eos_token_id
+
+
+def test_ctrl_c_stops_every_rank_of_the_server(provisioned, two_adapters):
+    lora, _ = two_adapters
+    with serving(provisioned, "--run", lora.name) as server:
+        server.send_signal(signal.SIGINT)
+        _, stderr = server.communicate(timeout=90)
+    assert server.returncode == 130, stderr[-2000:]
+    assert "every rank of the server" in stderr
+    deadline = time.monotonic() + 30
+    while any(serve_pids(provisioned, n) for n in (1, 2)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert serve_pids(provisioned, 1) == serve_pids(provisioned, 2) == []
+
+
 def test_train_stops_before_launching_when_a_node_is_down(provisioned, tiny_inputs):
     """Last in this file: node2 stays down."""
     model_dir, data_dir = tiny_inputs
