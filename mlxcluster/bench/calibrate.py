@@ -79,8 +79,7 @@ def plan(rec: Recorded, *, iters: int, batch_size: int | None, data: str | None,
 
 def measure(rec: Recorded, the_plan: Plan) -> dict[str, Any]:
     """Every training node alone, one after the other: the calibration entry (not yet kept)."""
-    doctor.preflight(rec.cluster, room.for_run(rec.cluster, the_plan.request.model,
-                                               dequantize_ranks=the_plan.dequantize_ranks))
+    doctor.preflight(rec.cluster, room.for_run(rec.cluster, the_plan.request.model))
     nodes, run_dirs = {}, {}
     for node in rec.cluster.training_nodes:
         print(f"==> calibrate: {node.name} alone, {the_plan.per_rank} example"
