@@ -250,9 +250,10 @@ def serve(rec: Recorded, options: Options) -> None:
         if the_plan.tunnel:
             print(f"# forward the API to this machine\n{shlex.join(the_plan.tunnel)}")
         return
-    # The nodes' checks, and memory for what each rank will hold, before anything is sent.
+    # The nodes' checks (of the cluster as provisioned: its hostfiles are the whole cluster's),
+    # and memory for what each serving rank will hold, before anything is sent.
     held = "tensor" if the_plan.mode == "tensor" else "data"
-    doctor.preflight(the_plan.cluster, room.for_run(the_plan.cluster, the_plan.model, parallel=held,
-                                                    dequantize_ranks=()))
+    doctor.preflight(rec.cluster, room.for_run(the_plan.cluster, the_plan.model, parallel=held,
+                                               dequantize_ranks=()))
     execute(the_plan)
 

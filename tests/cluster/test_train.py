@@ -644,6 +644,24 @@ def tiny_eos(model_dir: Path) -> int:
     return load_tokenizer(model_dir).eos_token_id
 
 
+def test_serve_a_data_parallel_run_in_one_process_on_the_launcher(provisioned, tiny_inputs, two_adapters):
+    import openai
+
+    from tests.unit.training.serve.test_server import stock_answer
+
+    _, dora = two_adapters
+    expected = stock_answer(tiny_inputs[0], dora, "Ahoy?", 8)
+    with serving(provisioned, "--run", dora.name) as server:
+        assert len(serve_pids(provisioned, 1)) == 1 and serve_pids(provisioned, 2) == []
+        api = openai.OpenAI(base_url=f"http://127.0.0.1:{SERVE_PORT}/v1", api_key="unused", max_retries=0)
+        asked = api.chat.completions.create(model=dora.name, max_tokens=8, temperature=0,
+                                            messages=[{"role": "user", "content": "Ahoy?"}])
+        assert asked.choices[0].message.content == expected.text
+        server.send_signal(signal.SIGINT)
+        server.communicate(timeout=60)
+    assert serve_pids(provisioned, 1) == []
+
+
 def test_ctrl_c_stops_every_rank_of_the_server(provisioned, two_adapters):
     lora, _ = two_adapters
     with serving(provisioned, "--run", lora.name) as server:
