@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shlex
+import signal
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
@@ -214,6 +215,10 @@ def tunnel(command: list[str] | None, port: int) -> Iterator[None]:
         process.wait(timeout=10)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def execute(plan: Plan) -> None:
     """Send, start every rank, say where the API is once rank 0 listens, and relay its output until
     Ctrl-C (every rank stopped: Interrupted) or the server stops on its own (ServeFailed)."""
@@ -228,6 +233,8 @@ def execute(plan: Plan) -> None:
             stack.enter_context(tunnel(plan.tunnel, int(plan.url.rsplit(":", 1)[1].split("/")[0])))
             print(f"==> the API is at {plan.url} (OpenAI-compatible; Ctrl-C stops every rank)", flush=True)
 
+    # A service manager stops a server with SIGTERM: it stops every rank as Ctrl-C does.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     with stack:
         try:
             relayed = relay.supervise(plan.cluster, plan.launch, plan.marker, on_line=on_line,
@@ -235,6 +242,8 @@ def execute(plan: Plan) -> None:
         except KeyboardInterrupt:
             raise Interrupted(f"stopped: every rank of the server on {plan.cluster.head.name} was "
                               "stopped") from None
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     why = builder.describe_failure(plan.cluster, relayed.output, relayed.code, "tensor")
     raise ServeFailed(f"the server stopped (exit {relayed.code}): {why}", code=relayed.code or 1)
 

@@ -657,8 +657,12 @@ def test_serve_a_data_parallel_run_in_one_process_on_the_launcher(provisioned, t
         asked = api.chat.completions.create(model=dora.name, max_tokens=8, temperature=0,
                                             messages=[{"role": "user", "content": "Ahoy?"}])
         assert asked.choices[0].message.content == expected.text
-        server.send_signal(signal.SIGINT)
-        server.communicate(timeout=60)
+        server.send_signal(signal.SIGTERM)  # as a service manager stops it
+        _, stderr = server.communicate(timeout=60)
+    assert server.returncode == 130 and "every rank of the server" in stderr, stderr[-2000:]
+    deadline = time.monotonic() + 30
+    while serve_pids(provisioned, 1) and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert serve_pids(provisioned, 1) == []
 
 

@@ -66,6 +66,11 @@ class Provider(ModelProvider):
         self.context_length = context_length
 
     @property
+    def default_name(self) -> str:
+        """The name of what answers a request without a model field."""
+        return self.base_name if self.default == BASE else self.default
+
+    @property
     def names(self) -> list[str]:
         """What a request's `model` may say: the base's name, then every adapter's."""
         return [self.base_name, *self.served.sets]
@@ -181,6 +186,8 @@ class Handler(APIHandler):
     def validate_model_parameters(self) -> None:
         super().validate_model_parameters()
         self.provider.resolve(self.requested_model)
+        if self.requested_model == DEFAULT_MODEL:  # the answer names what answered, not mlx-lm's alias
+            self.requested_model = self.provider.default_name
         if self.adapter is not None:
             raise ValueError("the adapters field is not taken here: pick an adapter with the model field, "
                              f"one of: {', '.join(self.provider.names)}")

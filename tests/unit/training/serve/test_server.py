@@ -216,6 +216,11 @@ def test_curl_streams_server_sent_events_and_completes_text(server: Server, stoc
     assert said == stock["pirate"].text
     code, text = curl(server, "/completions", {"model": "dory", "prompt": "Ahoy", "max_tokens": 4})
     assert code == 200 and json.loads(text)["usage"]["completion_tokens"] <= 4
+    # No model field: the first adapter answers, and the answer says so.
+    code, text = curl(server, "/chat/completions", {"messages": [{"role": "user", "content": PROMPT}],
+                                                    "max_tokens": TOKENS, "temperature": 0})
+    assert code == 200 and json.loads(text)["model"] == "pirate"
+    assert json.loads(text)["choices"][0]["message"]["content"] == stock["pirate"].text
 
 
 def test_requests_at_once_are_queued_and_each_gets_its_own_answer(server: Server, stock: dict):
