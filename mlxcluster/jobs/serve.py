@@ -121,6 +121,7 @@ class Plan:
     launch: list[str]
     tunnel: list[str] | None  # the controller's ssh that forwards the port (None: not needed)
     url: str  # where clients on the controller reach the API
+    port: int
     said: tuple[str, ...]
     marker: str  # what names the server's processes on the launcher
 
@@ -139,12 +140,8 @@ def plan(rec: Recorded, options: Options, serve_id: str) -> Plan:
     installed = inputs.installed_model(rec.cluster, str(what.model))
     model = shipment.Shipment(what.model, ()) if installed else shipment.model(what.model)
     placed_model = sync.model_place(cluster, what.model, installed["path"] if installed else None)
-    steps: list[sync.Step] = list(sync.push_code(cluster))
-    if not installed:
-        steps.append((f"copy the model to {head.name}", sync.send(model, head, placed_model)))
-        steps += sync.fan_out(cluster, model, placed_model)
-    steps += [(f"verify the model's checksums on {node.name}", sync.verify_model(node, placed_model))
-              for node in cluster.training_nodes]
+    steps = [*sync.push_code(cluster),
+             *sync.model_steps(cluster, model, placed_model, installed=bool(installed))]
     marker = f"serve-{serve_id}"
     # A run's adapters keep one place on the nodes: serving it again sends nothing.
     adapters_dir = f"{head.work_dir}/adapters"
@@ -182,7 +179,7 @@ def plan(rec: Recorded, options: Options, serve_id: str) -> Plan:
                "can use the API" + ("" if options.api_key_file else " (no --api-key-file)")]
               if options.host not in LOOPBACK else []))
     return Plan(what.model, what.mode, cluster, steps, builder.command(cluster, job), tunnel,
-                f"http://{reached_at(head, options.host)}:{options.port}/v1", said, marker)
+                f"http://{reached_at(head, options.host)}:{options.port}/v1", options.port, said, marker)
 
 
 def reached_at(head: Node, host: str) -> str:
@@ -230,7 +227,7 @@ def execute(plan: Plan) -> None:
 
     def on_line(line: str) -> None:
         if READY in line:
-            stack.enter_context(tunnel(plan.tunnel, int(plan.url.rsplit(":", 1)[1].split("/")[0])))
+            stack.enter_context(tunnel(plan.tunnel, plan.port))
             print(f"==> the API is at {plan.url} (OpenAI-compatible; Ctrl-C stops every rank)", flush=True)
 
     # A service manager stops a server with SIGTERM: it stops every rank as Ctrl-C does.

@@ -183,12 +183,19 @@ def training_inputs(cluster: Cluster, data: Shipment, model: Shipment, config: P
         if config:
             steps.append((f"sync config to {node.name}",
                           push(config, node, f"{head.work_dir}/config", delete=False)))
+    return [*steps, *model_steps(cluster, model, placed.model, installed=bool(installed))], placed
+
+
+def model_steps(cluster: Cluster, model: Shipment, path: str, *, installed: bool) -> list[Step]:
+    """The steps that put the model at `path` on every node that trains: to the launcher, then
+    over the cluster link from it (none when provisioning `installed` it there), and verified."""
+    head = cluster.head
+    steps: list[Step] = []
     if not installed:
-        steps.append((f"copy the model to {head.name}", send(model, head, placed.model)))
-        steps += fan_out(cluster, model, placed.model)
-    steps += [(f"verify the model's checksums on {node.name}", verify_model(node, placed.model))
-              for node in cluster.training_nodes]
-    return steps, placed
+        steps.append((f"copy the model to {head.name}", send(model, head, path)))
+        steps += fan_out(cluster, model, path)
+    return [*steps, *((f"verify the model's checksums on {node.name}", verify_model(node, path))
+                      for node in cluster.training_nodes)]
 
 
 def run_steps(steps: list[Step], *, dry_run: bool = False) -> None:

@@ -15,8 +15,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import pytest
@@ -225,19 +226,31 @@ def test_invoke_run_starts_any_command_on_every_slot(provisioned):
 
 
 def finetune_pids(cluster, node: int) -> list[int]:
-    """Training processes of one lab node. The nodes share the machine's PID namespace, so
-    pkill on a node would also hit the other node's ranks and the controller's ssh."""
+    """Training processes of one lab node."""
+    return pids_running(cluster, node, b"training.finetune")
+
+
+def pids_running(cluster, node: int, program: bytes) -> list[int]:
+    """The processes of one lab node whose command line holds `program`. The nodes share the
+    machine's PID namespace, so pkill on a node would also hit the other node's ranks and the
+    controller's ssh: a node's are its network namespace's."""
     pids = subprocess.run(["ip", "netns", "pids", cluster.lab.netns(node)], capture_output=True,
                           text=True, check=True).stdout.split()
     found = []
     for pid in pids:
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"training.finetune" in cmdline:
-            found.append(int(pid))
+        with contextlib.suppress(OSError):
+            if program in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(int(pid))
     return found
+
+
+def wait_until_gone(pids_of: Callable[[Any, int], list[int]], cluster, nodes: tuple[int, ...] = (1, 2),
+                    timeout: float = 30) -> None:
+    """Wait for the nodes' processes to end; fail naming those still running after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while any(pids_of(cluster, n) for n in nodes) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert {n: pids_of(cluster, n) for n in nodes} == {n: [] for n in nodes}
 
 
 def _ctrl_c_as_at_a_terminal() -> None:
@@ -297,10 +310,7 @@ def test_ctrl_c_on_the_controller_stops_every_rank(provisioned, tiny_inputs):
         print(f"Ctrl-C -> invoke train returned in {time.perf_counter() - interrupted:.1f} s")
     assert train.returncode == 130, stderr[-2000:]
     assert "interrupted: every rank of run" in stderr
-    deadline = time.monotonic() + 30
-    while any(finetune_pids(provisioned, n) for n in (1, 2)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert finetune_pids(provisioned, 1) == finetune_pids(provisioned, 2) == []
+    wait_until_gone(finetune_pids, provisioned)
 
 
 RESUME_SETTINGS = ("--iters 40 --batch-size 2 --num-layers 1 --max-seq-length 512 --learning-rate 1e-3 "
@@ -546,19 +556,8 @@ SERVE_PORT = 18091
 
 
 def serve_pids(cluster, node: int) -> list[int]:
-    """The server's processes on one lab node (its network namespace's, as finetune_pids)."""
+    """The server's processes on one lab node."""
     return pids_running(cluster, node, b"training.serve")
-
-
-def pids_running(cluster, node: int, program: bytes) -> list[int]:
-    pids = subprocess.run(["ip", "netns", "pids", cluster.lab.netns(node)], capture_output=True,
-                          text=True, check=True).stdout.split()
-    found = []
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            if program in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(int(pid))
-    return found
 
 
 @contextlib.contextmanager
@@ -660,10 +659,7 @@ def test_serve_a_data_parallel_run_in_one_process_on_the_launcher(provisioned, t
         server.send_signal(signal.SIGTERM)  # as a service manager stops it
         _, stderr = server.communicate(timeout=60)
     assert server.returncode == 130 and "every rank of the server" in stderr, stderr[-2000:]
-    deadline = time.monotonic() + 30
-    while serve_pids(provisioned, 1) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert serve_pids(provisioned, 1) == []
+    wait_until_gone(serve_pids, provisioned, (1,))
 
 
 def test_ctrl_c_stops_every_rank_of_the_server(provisioned, two_adapters):
@@ -673,10 +669,7 @@ def test_ctrl_c_stops_every_rank_of_the_server(provisioned, two_adapters):
         _, stderr = server.communicate(timeout=90)
     assert server.returncode == 130, stderr[-2000:]
     assert "every rank of the server" in stderr
-    deadline = time.monotonic() + 30
-    while any(serve_pids(provisioned, n) for n in (1, 2)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert serve_pids(provisioned, 1) == serve_pids(provisioned, 2) == []
+    wait_until_gone(serve_pids, provisioned)
 
 
 def test_train_stops_before_launching_when_a_node_is_down(provisioned, tiny_inputs):
