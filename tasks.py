@@ -32,6 +32,7 @@ from mlxcluster.check import doctor as checkup
 from mlxcluster.describe.cluster import recorded
 from mlxcluster.errors import UserError
 from mlxcluster.jobs import everywhere, flags
+from mlxcluster.jobs import fuse as fusing
 from mlxcluster.jobs import serve as serving
 from mlxcluster.jobs import train as training
 from mlxcluster.lab import cache, hosts, limits
@@ -221,6 +222,24 @@ def serve(c, inventory=None, run=None, model=None, parallel=None, host="127.0.0.
         port=_whole(port, "--port", 1, 65535) or 8080, api_key_file=api_key_file,
         max_tokens=_whole(max_tokens, "--max-tokens", 1, 1_000_000) or 512, backend=backend,
         threads=_whole(threads, "--threads", 1, 1024), dry_run=dry_run))
+
+
+@task(help={
+    "run": "A run id (or folder) whose adapters to fuse (default: the latest finished run)",
+    "model": "Base model directory on the controller (default: the run's own)",
+    "output": "The fused model's folder (default: runs/<id>/fused; never written over)",
+    "dequantize": "Write a quantized base's fused model in float",
+    "gguf": "Also write model.gguf for llama.cpp (llama, mistral and mixtral models; float)",
+    "by_file": "Fuse one file of weights at a time even where the model fits this machine's memory "
+               "(default: only where it does not; stock mlx_lm fuse where it does)",
+    "max_file_mb": "Weights per file when fusing file by file (default 1024)",
+    "dry_run": "Say how it would fuse, fuse nothing"})
+def fuse(c, run=None, model=None, output=None, dequantize=False, gguf=False, by_file=False,
+         max_file_mb=None, dry_run=False):
+    """Fuse a run's adapters into its base: a model folder that mlx_lm generate and mlx_lm.server load."""
+    fusing.fuse(fusing.Options(run=run, model=model, output=output, dequantize=dequantize, gguf=gguf,
+                               by_file=by_file, max_file_mb=_whole(max_file_mb, "--max-file-mb", 1, 1 << 20)
+                               or 1024, dry_run=dry_run))
 
 
 @task(help={"prompt": "What to ask", "adapter": "Run directory with adapters (default: latest)",
@@ -440,7 +459,7 @@ def bench_calibrate(c, inventory=None, iters=None, batch_size=None, data=None, m
                                output=output)
 
 
-ns = Collection(provision, hostfile, topology, doctor, train, run, serve, generate, lint, test,
+ns = Collection(provision, hostfile, topology, doctor, train, run, serve, fuse, generate, lint, test,
                 Collection("lab", lab_up, lab_down, lab_status, lab_limit),
                 Collection("bench", bench_provision, bench_rehearsal, bench_train, bench_overhead,
                            bench_links, bench_scaling, bench_shares, bench_tensor, bench_calibrate),

@@ -28,7 +28,6 @@ from mlxcluster.check import doctor, room
 from mlxcluster.describe.cluster import Cluster, Node, Recorded
 from mlxcluster.errors import Interrupted, UserError
 from mlxcluster.launch import builder, parallel, relay, remote, runs, shipment, sync
-from mlxcluster.paths import RUNS
 from mlxcluster.provision import inputs
 from training.serve import READY
 
@@ -68,12 +67,7 @@ class Served:
 def runs_of(given: Sequence[str]) -> list[Path]:
     """The run folders `--run` names (a run id under runs/, or a folder), each with its adapter files;
     none given: the latest finished run."""
-    found = []
-    for item in given or ():
-        folder = RUNS / item if (RUNS / item).is_dir() and "/" not in item else Path(item)
-        found.append(runs.adapters_of(folder, "--run"))
-    if not found:
-        found = [runs.adapters_of(runs.latest_finished())]
+    found = [runs.named(item) for item in given or ()] or [runs.named(None)]
     names = [run.name for run in found]
     if twice := sorted({n for n in names if names.count(n) > 1}):
         raise UserError(f"--run {', '.join(twice)} given twice: each run is one adapter")

@@ -186,6 +186,15 @@ def adapters_of(run: Path, flag: str = "--adapter") -> Path:
     return run
 
 
+def named(item: str | None, flag: str = "--run") -> Path:
+    """The run folder a flag names (a run id under runs/, or a folder), with its adapter files; none
+    named: the latest finished run."""
+    if not item:
+        return adapters_of(latest_finished())
+    folder = RUNS / item if "/" not in item and (RUNS / item).is_dir() else Path(item)
+    return adapters_of(folder, flag)
+
+
 def model_for(run: Path, given: str | None) -> Path:
     """The base model to answer with: the one given, else the run's own; a RunError when it is no
     model folder."""

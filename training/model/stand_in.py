@@ -16,8 +16,9 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 from mlx_lm.models.llama import Model, ModelArgs
-from mlx_lm.utils import save_model
+from mlx_lm.utils import load, save_model
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
@@ -78,3 +79,22 @@ def make(path: Path, *, quantized: bool = False, bits: int = 4, group_size: int 
     (path / "config.json").write_text(json.dumps(config))
     tokenizer().save_pretrained(str(path))
     return model
+
+
+def adapter(model_dir: Path, out: Path, kind: str = "lora", rank: int = 4, keys: list[str] | None = None,
+            seed: int = 0, layers: int = 2) -> None:
+    """An adapter folder as `mlx_lm lora` writes it for the model in `model_dir` (`kind` lora or
+    dora, on its last `layers` layers), with weights far enough from zero to change the answers."""
+    from mlx_lm.tuner.utils import linear_to_lora_layers
+
+    model, _ = load(str(model_dir))
+    model.freeze()
+    parameters = {"rank": rank, "scale": 10.0, "dropout": 0.0, **({"keys": keys} if keys else {})}
+    linear_to_lora_layers(model, layers, parameters, use_dora=kind == "dora")
+    mx.random.seed(seed)
+    weights = {name: mx.random.normal(value.shape) * (0.5 if name.endswith("lora_b") else 1.0)
+               for name, value in tree_flatten(model.trainable_parameters())}
+    out.mkdir(parents=True)
+    mx.save_safetensors(str(out / "adapters.safetensors"), weights)
+    (out / "adapter_config.json").write_text(json.dumps(
+        {"fine_tune_type": kind, "num_layers": layers, "lora_parameters": parameters}))

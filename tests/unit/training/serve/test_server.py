@@ -17,11 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import mlx.core as mx
 import pytest
-from mlx.utils import tree_flatten
 from mlx_lm import load, stream_generate
-from mlx_lm.tuner.utils import linear_to_lora_layers
 
 from training.model import stand_in
 from training.serve import READY
@@ -38,28 +35,12 @@ ADAPTERS = {"pirate": ("lora", 4, None), "dory": ("dora", 2, ["self_attn.q_proj"
                                                               "mlp.down_proj"])}
 
 
-def make_adapter(model_dir: Path, out: Path, kind: str, rank: int, keys: list[str] | None, seed: int) -> None:
-    """An adapter folder as `mlx_lm lora` writes it, with weights far enough from zero to change
-    the answers."""
-    model, _ = load(str(model_dir))
-    model.freeze()
-    parameters = {"rank": rank, "scale": 10.0, "dropout": 0.0, **({"keys": keys} if keys else {})}
-    linear_to_lora_layers(model, 2, parameters, use_dora=kind == "dora")
-    mx.random.seed(seed)
-    weights = {name: mx.random.normal(value.shape) * (0.5 if name.endswith("lora_b") else 1.0)
-               for name, value in tree_flatten(model.trainable_parameters())}
-    out.mkdir(parents=True)
-    mx.save_safetensors(str(out / "adapters.safetensors"), weights)
-    (out / "adapter_config.json").write_text(json.dumps(
-        {"fine_tune_type": kind, "num_layers": 2, "lora_parameters": parameters}))
-
-
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("serve")
     stand_in.make(root / "model", seed=2, **SHAPE)  # a seed whose adapters each answer otherwise
     for seed, (name, (kind, rank, keys)) in enumerate(ADAPTERS.items()):
-        make_adapter(root / "model", root / name, kind, rank, keys, seed)
+        stand_in.adapter(root / "model", root / name, kind, rank, keys, seed)
     return root
 
 
