@@ -24,6 +24,7 @@ from mlxcluster.bench import overhead as bench_overhead_module
 from mlxcluster.bench import provision as bench_provision_module
 from mlxcluster.bench import rehearsal as bench_rehearsal_module
 from mlxcluster.bench import scaling as bench_scaling_module
+from mlxcluster.bench import serve as bench_serve_module
 from mlxcluster.bench import shares as bench_shares_module
 from mlxcluster.bench import tensor as bench_tensor_module
 from mlxcluster.bench import train as bench_train_module
@@ -213,14 +214,16 @@ def run(c, inventory=None, interface=None, dry_run=False):
     port="Port of the API, on the launcher and here (default 8080)",
     api_key_file="A file holding the key every request must send (Authorization: Bearer <key>)",
     max_tokens="Default max_tokens of a request (default 512)",
+    batch="Batch the requests for one model as mlx_lm.server does (default); --no-batch: one at a "
+          "time, each as mlx_lm generate answers it",
     backend="auto (default), mpi, ring, jaccl or jaccl-ring"), iterable=["run"])
 def serve(c, inventory=None, run=None, model=None, parallel=None, host="127.0.0.1", port=None,
-          api_key_file=None, max_tokens=None, backend=None, threads=None, dry_run=False):
+          api_key_file=None, max_tokens=None, batch=True, backend=None, threads=None, dry_run=False):
     """Serve what was trained behind an OpenAI-compatible API, across the cluster (Ctrl-C stops it)."""
     serving.serve(recorded(_inventory(c, inventory)), serving.Options(
         runs=tuple(run or ()), model=model, parallel=parallel, host=host,
         port=_whole(port, "--port", 1, 65535) or 8080, api_key_file=api_key_file,
-        max_tokens=_whole(max_tokens, "--max-tokens", 1, 1_000_000) or 512, backend=backend,
+        max_tokens=_whole(max_tokens, "--max-tokens", 1, 1_000_000) or 512, batch=batch, backend=backend,
         threads=_whole(threads, "--threads", 1, 1024), dry_run=dry_run))
 
 
@@ -443,6 +446,27 @@ def bench_tensor(c, inventory=None, nodes=None, iters=None, batch_size=None, dat
     bench_tensor_module.run(rec, nodes=nodes, **common)
 
 
+@task(name="serve", help=helps(
+    "inventory", "threads",
+    nodes="Layouts, e.g. 1,2,3: 1 is one process on the launcher, more is tensor-parallel across that "
+          "many nodes (default: 1 to every training node)",
+    model="Model directory on the controller (default: the one provisioning installed, else SmolLM2)",
+    requests="Requests per load, at 1 and at 4 at once (default 8)",
+    max_tokens="Tokens per answer (default 64)",
+    port="Port of the servers, on the launcher and here (default 18080)",
+    stock="Stock mlx_lm.server on the same ranks too (default; --no-stock leaves it out)",
+    output="JSON path (default runs/bench/serve-<time>.json)"))
+def bench_serve(c, inventory=None, nodes=None, model=None, requests=None, max_tokens=None, port=None,
+                threads=None, stock=True, output=None):
+    """Our server against stock mlx_lm.server: time to first token, tokens/s at 1 and 4 requests at
+    once, each rank's peak memory; one process, then tensor-parallel."""
+    bench_serve_module.run(recorded(_inventory(c, inventory)), nodes=nodes, model=model,
+                           requests=_whole(requests, "--requests", 1, 1000) or 8,
+                           max_tokens=_whole(max_tokens, "--max-tokens", 1, 100_000) or 64,
+                           port=_whole(port, "--port", 1, 65535) or 18080,
+                           threads=_whole(threads, "--threads", 1, 1024), stock_too=stock, output=output)
+
+
 @task(name="calibrate", help=helps(
     "inventory", "data", "model", "extra", "output",
     iters="Steps on each node (default 10)",
@@ -462,7 +486,8 @@ def bench_calibrate(c, inventory=None, iters=None, batch_size=None, data=None, m
 ns = Collection(provision, hostfile, topology, doctor, train, run, serve, fuse, generate, lint, test,
                 Collection("lab", lab_up, lab_down, lab_status, lab_limit),
                 Collection("bench", bench_provision, bench_rehearsal, bench_train, bench_overhead,
-                           bench_links, bench_scaling, bench_shares, bench_tensor, bench_calibrate),
+                           bench_links, bench_scaling, bench_shares, bench_tensor, bench_calibrate,
+                           bench_serve),
                 Collection("data", data_prepare), Collection("model", model_fetch))
 ns.configure({"cluster": {"inventory": "inventory/local/hosts.yml"},
               "lab": {"id": 0, "nodes": 3}})

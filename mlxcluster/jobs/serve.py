@@ -50,6 +50,7 @@ class Options:
     port: int = 8080
     api_key_file: str | None = None
     max_tokens: int = 512
+    batch: bool = True  # mlx_lm.server's batching per model; False: one request at a time
     backend: str | None = None
     threads: int | None = None
     dry_run: bool = False
@@ -157,7 +158,7 @@ def plan(rec: Recorded, options: Options, serve_id: str) -> Plan:
     program = ["python", "-m", "training.serve", "--model", placed_model, "--base-name", what.model.name,
                *flags, "--host", options.host, "--port", str(options.port),
                "--max-tokens", str(options.max_tokens), "--expected-world-size", str(cluster.world_size),
-               "--tag", marker, *key_flags]
+               "--tag", marker, *key_flags, *([] if options.batch else ["--no-batch"])]
     choice = builder.choice_for(cluster, options.backend)
     job = builder.Job(program, backend=choice.backend, threads=options.threads, interactive=False,
                       mlx_envs=rec.mlx_envs)

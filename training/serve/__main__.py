@@ -40,6 +40,9 @@ def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="A file holding the API key every request must send")
     parser.add_argument("--max-tokens", type=int, default=512, help="Default max_tokens of a request")
     parser.add_argument("--expected-world-size", type=int, help="Ranks the launcher was asked for")
+    parser.add_argument("--batch", action=argparse.BooleanOptionalAction, default=True,
+                        help="Batch the requests for one model as mlx_lm.server does (default), or "
+                             "--no-batch: one at a time, each as mlx_lm generate answers it")
     parser.add_argument("--trust-remote-code", action="store_true")
     parser.add_argument("--tag", help="Names this server's processes (the controller stops them by it)")
     parser.add_argument("--log-level", default="WARNING")
@@ -94,8 +97,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
     config = json.loads((Path(args.model) / "config.json").read_text())
     provider = server.Provider(
         server.cli_args(args.model, max_tokens=args.max_tokens, trust_remote_code=args.trust_remote_code),
-        served, base_name, BASE if default == base_name else default, server.context_length(config))
-    generator = server.Generator(provider, LRUPromptCache(0))
+        served, base_name, BASE if default == base_name else default, server.context_length(config),
+        batch=args.batch)
+    # mlx_lm.server's prompt cache when batching (a request's cached prefix is not computed again);
+    # none one at a time, where each request is computed whole as mlx_lm generate computes it.
+    generator = server.Generator(provider, LRUPromptCache(server.STOCK_PROMPT_CACHE if args.batch else 0))
     if group.rank() != 0:
         generator.join()  # returns only when generation stopped: a rank went away
         return 1

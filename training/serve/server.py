@@ -13,11 +13,13 @@ What is ours:
 - /v1/models lists the base and each adapter;
 - a prompt that with its max_tokens would not fit the model's context is a 400;
 - an API key, when one is set: every request without `Authorization: Bearer <key>` is a 401;
-- requests are answered one at a time, each as `mlx_lm generate` answers it (no batching, no
-  prompt cache): the exact mode, so that a greedy answer is mlx-lm's own token for token;
-- in distributed mode a client that goes away does not stop its generation midway (mlx-lm's
-  single-request path would stop rank 0 alone and leave the ranks out of step): the request runs
-  to its end, its tokens unsent.
+- requests for one model are batched as mlx-lm batches them (its continuous batching and prompt
+  cache, per adapter: a request for another adapter waits for the batch to drain, then the adapter
+  is swapped), or with `batch=False` answered one at a time, each as `mlx_lm generate` answers it;
+- in distributed mode a client that goes away does not stop a lone request's generation midway
+  (mlx-lm's single-request path would stop rank 0 alone and leave the ranks out of step): the
+  request runs to its end, its tokens unsent. A batched request stops on every rank, as mlx-lm
+  shares the stop.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.server import APIHandler, ModelProvider, ResponseGenerator
 
 from training.serve.model import BASE, Served
@@ -39,9 +42,12 @@ STOCK_DEFAULTS: Mapping[str, Any] = {
     "chat_template": "", "use_default_chat_template": False, "chat_template_args": {}, "temp": 0.0,
     "top_p": 1.0, "top_k": 0, "min_p": 0.0, "max_tokens": 512, "allowed_origins": ["*"],
     "decode_concurrency": 32, "prompt_concurrency": 8, "prefill_step_size": 2048,
-    "prompt_cache_size": 0, "prompt_cache_bytes": None, "kv_bits": None, "kv_group_size": 64,
+    "prompt_cache_size": 10, "prompt_cache_bytes": None, "kv_bits": None, "kv_group_size": 64,
     "quantized_kv_start": 0, "pipeline": False,
 }
+
+
+STOCK_PROMPT_CACHE = STOCK_DEFAULTS["prompt_cache_size"]
 
 
 def cli_args(model: str, **changes: Any) -> argparse.Namespace:
@@ -58,8 +64,9 @@ class Provider(ModelProvider):
     adapter, and switching is a module swap, not a reload."""
 
     def __init__(self, args: argparse.Namespace, served: Served, base_name: str, default: str,
-                 context_length: int | None):
+                 context_length: int | None, batch: bool = True):
         super().__init__(args)
+        self.batch = batch
         self.served = served
         self.base_name = base_name
         self.default = default
@@ -98,7 +105,8 @@ class Provider(ModelProvider):
             self.model_key = ("served", name)
             self.model, self.tokenizer = self.served.model, self.served.tokenizer
             self.processor, self.draft_model = None, None
-            self.is_batchable = False  # exact mode: each request alone, as mlx_lm generate runs it
+            # As mlx-lm decides it: every cache of the model can be merged into a batch.
+            self.is_batchable = self.batch and all(hasattr(c, "merge") for c in make_prompt_cache(self.model))
         return self.model, self.tokenizer
 
     def load_default(self) -> None:
@@ -111,7 +119,7 @@ class Generator(ResponseGenerator):
 
     def generate(self, request, generation_args, progress_callback=None):
         ctx, responses = super().generate(request, generation_args, progress_callback)
-        if self._is_distributed:
+        if self._is_distributed and not self._is_batchable(generation_args):
             ctx.stop = lambda: None
         return ctx, responses
 

@@ -71,6 +71,7 @@ class Server:
     url: str
     process: subprocess.Popen
     log: Path
+    root: Path  # the model and adapters it serves
 
     def output(self) -> str:
         return self.log.read_text()
@@ -102,7 +103,7 @@ def start(root: Path, ranks: int, *extra: str) -> Server:
             stop(process)
             pytest.fail(f"the server did not start:\n{log.read_text()}")
         time.sleep(0.2)
-    return Server(f"http://127.0.0.1:{port}/v1", process, log)
+    return Server(f"http://127.0.0.1:{port}/v1", process, log, root)
 
 
 def stop(process: subprocess.Popen) -> None:
@@ -141,11 +142,11 @@ def chat(server: Server, model: str, stream: bool = False) -> str:
     return asked.choices[0].message.content
 
 
-def chat_tokens(server: Server, model: str) -> list[int]:
+def chat_tokens(server: Server, model: str, key: str | None = None, prompt: str = PROMPT) -> list[int]:
     """The token ids of the server's greedy answer (its logprobs carry them)."""
-    body = {"model": model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": TOKENS,
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": TOKENS,
             "temperature": 0, "logprobs": True}
-    code, text = curl(server, "/chat/completions", body)
+    code, text = curl(server, "/chat/completions", body, *([f"Authorization: Bearer {key}"] if key else []))
     assert code == 200, text
     return [entry["id"] for entry in json.loads(text)["choices"][0]["logprobs"]["content"]]
 
@@ -211,6 +212,17 @@ def test_requests_at_once_are_queued_and_each_gets_its_own_answer(server: Server
     assert answers == [said(stock, name).text for name in asked]
 
 
+def test_requests_for_one_adapter_at_once_are_batched_and_each_is_mlx_lm_generate_s(server: Server):
+    prompts = ["Who are you?", "Ahoy", "Where is the treasure buried, matey?", "Hi"]
+    expected = [stock_answer(server.root / "model", server.root / "pirate", prompt).tokens
+                for prompt in prompts]
+    eos = served_eos(server)
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        answers = list(pool.map(lambda prompt: chat_tokens(server, "pirate", prompt=prompt), prompts))
+    # The tokens: a batch's text leaves out a last incomplete character that mlx_lm generate prints as U+FFFD.
+    assert [[t for t in answer if t not in eos] for answer in answers] == expected
+
+
 def test_bad_requests_get_a_4xx_that_says_why_and_the_server_goes_on(server: Server, stock: dict):
     code, text = curl(server, "/chat/completions", {"model": "nobody", "messages": [{"role": "user",
                                                                                      "content": "hi"}]})
@@ -235,7 +247,8 @@ def test_bad_requests_get_a_4xx_that_says_why_and_the_server_goes_on(server: Ser
 def test_an_api_key_when_set_is_asked_of_every_request(inputs: Path, stock: dict):
     key = inputs / "key"
     key.write_text("s3cret\n")
-    running = start(inputs, 1, "--api-key-file", str(key))
+    # This server answers one request at a time (--no-batch): the exact mode, mlx_lm generate's answers.
+    running = start(inputs, 1, "--api-key-file", str(key), "--no-batch")
     try:
         code, text = curl(running, "/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
         assert code == 401 and "API key" in error_of(text)
@@ -245,6 +258,8 @@ def test_an_api_key_when_set_is_asked_of_every_request(inputs: Path, stock: dict
         answer = keyed.chat.completions.create(model="pirate", max_tokens=TOKENS, temperature=0,
                                                messages=[{"role": "user", "content": PROMPT}])
         assert answer.choices[0].message.content == stock["pirate"].text
+        assert [t for t in chat_tokens(running, "dory", "s3cret") if t not in served_eos(running)] == \
+            stock["dory"].tokens
     finally:
         stop(running.process)
 
