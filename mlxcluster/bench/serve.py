@@ -1,0 +1,323 @@
+"""`invoke bench.serve`: our server against stock `mlx_lm.server`, on one process and sharded.
+
+Each configuration is a server started as `invoke serve` starts it (ours: the base with one LoRA
+adapter, which every request asks for), or stock `mlx_lm.server` launched on the same ranks by the
+same launcher (distributed, it shards the base itself and takes no adapter), on the same model:
+one process on the launcher, then tensor-parallel across the first 2, 3 ... nodes. Against each,
+the same streamed chat requests from this machine, with distinct prompts: time to first token
+(the median of requests one at a time), output tokens per second with 1 and with 4 requests at
+once (all tokens over the wall time, prompts included), and each rank's peak resident memory (its
+high-water mark on Linux, its resident size at the end on macOS), read on its node before the
+server stops. The JSON holds every figure and ours over stock's per layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import http.client
+import json
+import shlex
+import statistics
+import subprocess
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from mlxcluster.bench import results
+from mlxcluster.check import doctor, room
+from mlxcluster.describe.cluster import Cluster, Recorded
+from mlxcluster.errors import UserError
+from mlxcluster.jobs import serve as serving
+from mlxcluster.launch import builder, parallel, remote, shipment, sync
+from mlxcluster.paths import REPO
+from mlxcluster.provision import inputs
+
+CONCURRENCY = (1, 4)
+PROMPTS = (
+    "Tell me a long story about a ship.", "Describe the sea at night in detail.",
+    "Explain how sails catch the wind.", "Write a letter to a faraway friend.",
+    "List the things a sailor packs for a voyage.", "Why is the sky blue? Explain at length.",
+    "Describe a busy harbour in the morning.", "Tell me about the history of maps.",
+)
+READY_TIMEOUT = 300
+# What each rank's peak memory is, read on its node: the python processes whose command line holds
+# the server's marker (not the launcher's or the shells around them), in this node's network
+# namespace (the lab's nodes share one process table), their high-water mark where /proc has it.
+PEAK_SCRIPT = """me=$(readlink /proc/$$/ns/net 2>/dev/null)
+for p in $(pgrep -f {pattern}); do
+  case $(ps -o comm= -p $p) in *python*) ;; *) continue;; esac
+  if [ -r /proc/$p/status ]; then
+    [ "$(readlink /proc/$p/ns/net)" = "$me" ] || continue
+    awk '/VmHWM/{{print $2}}' /proc/$p/status
+  else ps -o rss= -p $p; fi
+done"""
+
+
+class ServeBenchError(UserError):
+    """A benchmark that cannot run or whose server failed; the message says why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Server:
+    """One configuration: who, on which ranks, launched how, reached where."""
+
+    program: str  # ours or stock
+    layout: Cluster
+    steps: list[sync.Step]
+    launch: list[str]
+    tunnel: list[str] | None
+    port: int
+    marker: str
+    model: str  # what requests ask for
+
+
+def stock_program(placed_model: str, port: int, marker: str) -> list[str]:
+    """Stock `mlx_lm.server`'s own main(), its command line as given; the marker (in a comment of
+    the code) names its processes for the stop and the memory reading."""
+    return ["python", "-c", f"from mlx_lm.server import main; main()  # {marker}",
+            "--model", placed_model, "--host", "127.0.0.1", "--port", str(port)]
+
+
+def ours(rec: Recorded, layout: Cluster, adapter: Path, model: Path, port: int, tag: str,
+         threads: int | None) -> Server:
+    mode = "tensor" if layout.world_size > 1 else "single"
+    sub = dataclasses.replace(rec, cluster=layout)
+    plan = serving.plan(sub, serving.Options(runs=(str(adapter),), model=str(model), parallel=mode,
+                                            port=port, threads=threads), tag)
+    return Server("ours", plan.cluster, plan.steps, plan.launch, plan.tunnel, port, plan.marker, adapter.name)
+
+
+def stock(rec: Recorded, layout: Cluster, model: Path, port: int, tag: str, threads: int | None) -> Server:
+    """Stock mlx_lm.server on `layout`'s ranks, launched as ours is (the same backend and ranks'
+    environment), with the model sent as ours sends it."""
+    installed = inputs.installed_model(rec.cluster, str(model))
+    placed = sync.model_place(layout, model, installed["path"] if installed else None)
+    shipped = shipment.Shipment(model, ()) if installed else shipment.model(model)
+    marker = f"stock-serve-{tag}"
+    job = builder.Job(stock_program(placed, port, marker), backend=builder.choice_for(layout, None).backend,
+                      threads=threads, interactive=False, mlx_envs=rec.mlx_envs)
+    head = layout.head
+    tunnel = None if remote.is_local(head) else [
+        *remote.ssh_options(head), "-N", "-o", "ExitOnForwardFailure=yes",
+        "-L", f"127.0.0.1:{port}:127.0.0.1:{port}", remote.destination(head)]
+    steps = [*sync.push_code(layout), *sync.model_steps(layout, shipped, placed, installed=bool(installed))]
+    return Server("stock", layout, steps, builder.command(layout, job), tunnel, port, marker, "default_model")
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    started: float
+    first_token: float | None  # when the first text arrived (None: no text)
+    ended: float
+    tokens: int  # completion tokens, as the server's usage says
+
+
+def ask(port: int, model: str, prompt: str, max_tokens: int) -> Answer:
+    """One streamed chat request, timed on this machine."""
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}],
+                       "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                       "stream_options": {"include_usage": True}})
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    started = time.perf_counter()
+    first, tokens = None, 0
+    try:
+        connection.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        if response.status != 200:
+            raise ServeBenchError(f"the server answered {response.status}: {response.read()[:300]!r}")
+        for raw in response:
+            line = raw.decode(errors="replace").strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line.removeprefix("data: "))
+            if chunk.get("usage"):
+                tokens = int(chunk["usage"].get("completion_tokens") or 0)
+            said = [(c.get("delta") or {}).get("content") for c in chunk.get("choices") or []]
+            if first is None and any(said):
+                first = time.perf_counter()
+    finally:
+        connection.close()
+    return Answer(started, first, time.perf_counter(), tokens)
+
+
+def load(port: int, model: str, concurrency: int, requests: int, max_tokens: int) -> dict[str, Any]:
+    """`requests` requests, `concurrency` at a time: their time to first token and output tokens/s."""
+    prompts = [PROMPTS[i % len(PROMPTS)] + f" ({i})" for i in range(requests)]
+    with ThreadPoolExecutor(concurrency) as pool:
+        answers = list(pool.map(lambda p: ask(port, model, p, max_tokens), prompts))
+    wall = max(a.ended for a in answers) - min(a.started for a in answers)
+    ttfts = [a.first_token - a.started for a in answers if a.first_token is not None]
+    tokens = sum(a.tokens for a in answers)
+    return {"concurrency": concurrency, "requests": requests, "completion_tokens": tokens,
+            "wall_s": round(wall, 3), "tokens_per_second": round(tokens / wall, 2) if wall else None,
+            "ttft_s_median": round(statistics.median(ttfts), 4) if ttfts else None}
+
+
+def wait_ready(port: int, process: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise ServeBenchError(f"the server exited ({process.returncode}) before it answered:\n"
+                                  + "\n".join(log.read_text(errors="replace").splitlines()[-15:]))
+        try:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            connection.request("GET", "/v1/models")
+            if connection.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(1)
+    raise ServeBenchError(f"the server did not answer on port {port} within {READY_TIMEOUT} s; see {log}")
+
+
+def peaks(server: Server) -> list[float]:
+    """Each rank's peak resident memory in GB, node by node in rank order."""
+    pattern = shlex.quote(f"python.*{server.marker}")
+    found = []
+    for node in server.layout.training_nodes:
+        said = remote.output(node, remote.ssh_command(node, PEAK_SCRIPT.format(pattern=pattern)))
+        found += [int(kib) * 1024 / 1e9 for kib in said.split() if kib.isdigit()]
+    return [round(p, 4) for p in found]
+
+
+@contextmanager
+def running(server: Server, log: Path) -> Iterator[None]:
+    """The server started, answering on this machine's loopback; stopped on every rank after."""
+    sync.run_steps(server.steps)
+    with log.open("w") as out:
+        process = subprocess.Popen(server.launch, stdin=subprocess.DEVNULL, stdout=out,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        with serving.tunnel(server.tunnel, server.port):
+            wait_ready(server.port, process, log)
+            yield
+    finally:
+        builder.stop(server.layout, server.marker)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def measure(server: Server, log: Path, requests: int, max_tokens: int) -> dict[str, Any]:
+    with running(server, log):
+        load(server.port, server.model, 1, 1, 8)  # warm-up: the first request's compile and caches
+        figures = {f"c{c}": load(server.port, server.model, c, max(requests, c), max_tokens)
+                   for c in CONCURRENCY}
+        memory = peaks(server)
+    return {"program": server.program, "nodes": len(server.layout.training_nodes),
+            "ranks": server.layout.world_size, "ttft_s": figures["c1"]["ttft_s_median"],
+            **{f"tokens_per_second_c{c}": figures[f"c{c}"]["tokens_per_second"] for c in CONCURRENCY},
+            "peak_memory_gb_per_rank": memory, "loads": figures}
+
+
+def ratios(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Ours over stock's on each layout: time to first token (target at most 1.1) and tokens/s
+    (target at least 0.9), and each program's largest rank over its one process."""
+    out = []
+    for nodes in sorted({r["nodes"] for r in rows}):
+        pair = {r["program"]: r for r in rows if r["nodes"] == nodes}
+        if {"ours", "stock"} > pair.keys():
+            continue
+        o, s = pair["ours"], pair["stock"]
+        entry: dict[str, Any] = {"nodes": nodes, "ttft_ratio": _over(o["ttft_s"], s["ttft_s"])}
+        for c in CONCURRENCY:
+            entry[f"tokens_per_second_ratio_c{c}"] = _over(o[f"tokens_per_second_c{c}"],
+                                                           s[f"tokens_per_second_c{c}"])
+        entry["meets_targets"] = (entry["ttft_ratio"] is not None and entry["ttft_ratio"] <= 1.1
+                                  and all((entry[f"tokens_per_second_ratio_c{c}"] or 0) >= 0.9
+                                          for c in CONCURRENCY))
+        out.append(entry)
+    return out
+
+
+def _over(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a and b else None
+
+
+def with_memory_ratio(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Rows with each one's largest rank over its program's one-process peak."""
+    alone = {r["program"]: max(r["peak_memory_gb_per_rank"], default=0) for r in rows if r["ranks"] == 1}
+    return [{**r, "peak_memory_ratio": _over(max(r["peak_memory_gb_per_rank"], default=0),
+                                             alone.get(r["program"]))} for r in rows]
+
+
+def table(result: Mapping[str, Any]) -> Any:
+    from rich.table import Table
+
+    t = Table(title=f"bench.serve: {Path(result['model']).name}, {result['max_tokens']} tokens per answer",
+              caption="ttft: median time to first token, one request at a time; tokens/s: output tokens "
+                      "over the wall time, 1 and 4 requests at once; peak: each rank's, and the largest "
+                      "over its program's one process")
+    for name in ("program", "nodes", "ranks", "ttft s", "tokens/s (1)", "tokens/s (4)", "peak GB per rank",
+                 "peak ratio"):
+        t.add_column(name, justify="left" if name == "program" else "right")
+    for r in result["rows"]:
+        t.add_row(r["program"], str(r["nodes"]), str(r["ranks"]), f"{r['ttft_s']:.3f}",
+                  f"{r['tokens_per_second_c1']:.1f}", f"{r['tokens_per_second_c4']:.1f}",
+                  " / ".join(f"{p:.2f}" for p in r["peak_memory_gb_per_rank"]),
+                  "-" if r["peak_memory_ratio"] is None else f"{r['peak_memory_ratio']:.2f}x")
+    return t
+
+
+def node_counts(text: str | None, available: int) -> list[int]:
+    """--nodes: the layouts, one process (1) and tensor-parallel across that many nodes."""
+    if not text:
+        return list(range(1, available + 1))
+    try:
+        counts = sorted({int(part) for part in str(text).split(",")})
+    except ValueError:
+        counts = []
+    if not counts or counts[0] < 1 or counts[-1] > available:
+        raise ServeBenchError(f"--nodes {text}: node counts from 1 to the {available} training nodes, "
+                              "separated by commas (1 is one process)")
+    return counts
+
+
+def run(rec: Recorded, *, nodes: str | None = None, model: str | None = None, requests: int = 8,
+        max_tokens: int = 64, port: int = 18080, threads: int | None = None, stock_too: bool = True,
+        output: str | None = None) -> Path:
+    """Every layout, ours then stock's; the JSON written."""
+    from rich.console import Console
+
+    from training.model import stand_in
+
+    counts = node_counts(nodes, len(rec.cluster.training_nodes))
+    _, model_dir = inputs.resolve(rec.cluster, None, model)
+    layouts = {n: rec.cluster.first_nodes(n) if n > 1 else rec.cluster.only(rec.cluster.head) for n in counts}
+    for n, layout in layouts.items():
+        if n > 1:
+            parallel.check(layout, model_dir, "tensor")
+    doctor.preflight(rec.cluster, room.largest([room.for_run(layout, model_dir, parallel="tensor" if n > 1
+                                                             else "data") for n, layout in layouts.items()]))
+    when = results.stamp()
+    work = REPO / "build" / "bench-serve" / when
+    adapter = work / "lora"
+    # A LoRA as `mlx_lm lora` writes it for this model (random, far from zero: it changes the answers).
+    stand_in.adapter(model_dir, adapter, "lora", rank=8, layers=16, seed=0)
+    rows = []
+    for n, layout in layouts.items():
+        programs = [("ours", lambda tag, lay=layout: ours(rec, lay, adapter, model_dir, port, tag, threads))]
+        if stock_too:
+            programs.append(("stock", lambda tag, lay=layout: stock(rec, lay, model_dir, port, tag, threads)))
+        for name, make in programs:
+            tag = f"{when}-{name}-{n}"
+            print(f"==> bench.serve: {name} on {n} node{'s' if n > 1 else ''} "
+                  f"({layout.world_size} rank{'s' if layout.world_size > 1 else ''})", flush=True)
+            rows.append(measure(make(tag), work / f"{tag}.log", requests, max_tokens))
+    rows = with_memory_ratio(rows)
+    result = {"benchmark": "serve", "date": results.date(), "inventory": rec.inventory,
+              "model": str(model_dir), "adapter": "LoRA rank 8 on 16 layers", "requests": requests,
+              "max_tokens": max_tokens, "rows": rows, "ours_over_stock": ratios(rows)}
+    out = results.write("serve", result, output, when)
+    Console(width=max(Console().width, 110)).print(table(result))
+    for entry in result["ours_over_stock"]:
+        print(f"{entry['nodes']} node(s): ours/stock ttft {entry['ttft_ratio']}x, tokens/s "
+              + ", ".join(f"{entry[f'tokens_per_second_ratio_c{c}']}x at {c}" for c in CONCURRENCY)
+              + ("" if entry["meets_targets"] else "  (misses the targets: ttft <= 1.1x, tokens/s >= 0.9x)"))
+    print(f"wrote {out}")
+    return out

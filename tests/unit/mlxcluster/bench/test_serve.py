@@ -1,0 +1,94 @@
+"""bench.serve's measures against a real server (streamed requests, one and several at once), its
+reading of each rank's peak memory on a node, and its ratios against stock's targets."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mlxcluster.bench import serve
+from mlxcluster.describe.cluster import Cluster, Node
+from training.model import stand_in
+from training.serve import READY
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("bench-serve")
+    stand_in.make(root / "model", seed=4, max_position_embeddings=512)
+    stand_in.adapter(root / "model", root / "lora", "lora", 4, seed=4)
+    port = free_port()
+    log = root / "server.log"
+    with log.open("w") as out:
+        process = subprocess.Popen([sys.executable, "-m", "training.serve", "--model", str(root / "model"),
+                                    "--adapter", f"lora={root / 'lora'}", "--port", str(port),
+                                    "--tag", "bench-serve-unit-test"],
+                                   stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    deadline = time.monotonic() + 120
+    while READY not in log.read_text():
+        assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.2)
+    yield port, process
+    os.killpg(process.pid, signal.SIGTERM)
+    process.wait(timeout=20)
+
+
+def test_a_load_times_the_first_token_and_counts_the_served_tokens(server):
+    port, _ = server
+    alone = serve.ask(port, "lora", "Ahoy", max_tokens=6)
+    assert alone.started < alone.first_token < alone.ended and 1 <= alone.tokens <= 6
+    at_once = serve.load(port, "lora", concurrency=4, requests=4, max_tokens=6)
+    assert at_once["requests"] == 4 and 4 <= at_once["completion_tokens"] <= 24
+    per_second = at_once["completion_tokens"] / at_once["wall_s"]
+    assert at_once["tokens_per_second"] == pytest.approx(per_second, rel=0.02)  # wall_s is rounded
+    assert 0 < at_once["ttft_s_median"] < at_once["wall_s"]
+    with pytest.raises(serve.ServeBenchError, match="answered 400"):
+        serve.ask(port, "nobody", "Ahoy", max_tokens=2)
+
+
+def test_peak_memory_is_read_from_the_marked_python_processes_of_the_node(server):
+    _, process = server
+    here = Node(name="here", thunderbolt_ip="127.0.0.1", slots=1, connection={"type": "local"})
+    found = serve.peaks(serve.Server("ours", Cluster("here", (here,), ()), [], [], None, 0,
+                                     "bench-serve-unit-test", "lora"))
+    with open(f"/proc/{process.pid}/status") as status:
+        kib = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+    assert found == [round(kib * 1024 / 1e9, 4)]  # the server alone: not this shell, not pytest
+
+
+def row(program: str, nodes: int, ttft: float, c1: float, c4: float, peaks: list[float]) -> dict:
+    return {"program": program, "nodes": nodes, "ranks": nodes, "ttft_s": ttft, "tokens_per_second_c1": c1,
+            "tokens_per_second_c4": c4, "peak_memory_gb_per_rank": peaks}
+
+
+def test_ours_over_stock_per_layout_against_the_targets():
+    rows = serve.with_memory_ratio([row("ours", 1, 0.10, 50, 150, [1.0]),
+                                    row("stock", 1, 0.10, 52, 160, [0.9]),
+                                    row("ours", 2, 0.12, 40, 120, [0.55, 0.5]),
+                                    row("stock", 2, 0.10, 40, 120, [0.5, 0.5])])
+    assert [r["peak_memory_ratio"] for r in rows] == [1.0, 1.0, 0.55, 0.556]
+    one, two = serve.ratios(rows)
+    assert one == {"nodes": 1, "ttft_ratio": 1.0, "tokens_per_second_ratio_c1": 0.962,
+                   "tokens_per_second_ratio_c4": 0.938, "meets_targets": True}
+    assert two["ttft_ratio"] == 1.2 and not two["meets_targets"]
+
+
+def test_node_counts_are_checked_against_the_cluster():
+    assert serve.node_counts(None, 3) == [1, 2, 3]
+    assert serve.node_counts("3,1", 3) == [1, 3]
+    for wrong in ("0,2", "4", "two"):
+        with pytest.raises(serve.ServeBenchError, match="node counts from 1 to the 3 training nodes"):
+            serve.node_counts(wrong, 3)
