@@ -186,7 +186,7 @@ def train(c, inventory=None, config=None, data=None, model=None, iters=None, bat
         threads=_whole(threads, "--threads", 1, 1024), parallel=flags.one_of(parallel, "--parallel", MODES),
         resume=resume, dry_run=dry_run))
     if results:
-        runs.print_summary(results)
+        runs.print_summary(results, _inventory(c, inventory))
 
 
 @task(help=helps("inventory", "interface", "dry_run"))
@@ -489,5 +489,5 @@ ns = Collection(provision, hostfile, topology, doctor, train, run, serve, fuse, 
                            bench_links, bench_scaling, bench_shares, bench_tensor, bench_calibrate,
                            bench_serve),
                 Collection("data", data_prepare), Collection("model", model_fetch))
-ns.configure({"cluster": {"inventory": "inventory/local/hosts.yml"},
+ns.configure({"cluster": {"inventory": paths.DEFAULT_INVENTORY},
               "lab": {"id": 0, "nodes": 3}})

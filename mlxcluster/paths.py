@@ -14,6 +14,7 @@ from mlxcluster.errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent
 RUNS = REPO / "runs"
+DEFAULT_INVENTORY = "inventory/local/hosts.yml"  # the embedded default: this machine, 2 ranks
 BENCH_RESULTS = RUNS / "bench"
 MODELS = REPO / "models"
 TRAINING_CODE = REPO / "training"

@@ -220,7 +220,7 @@ def ratios(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     (target at least 0.9), and each program's largest rank over its one process."""
     out = []
     for nodes in sorted({r["nodes"] for r in rows}):
-        pair = {r["program"]: r for r in rows if r["nodes"] == nodes}
+        pair = {r["program"]: r for r in rows if r["nodes"] == nodes and "error" not in r}
         if {"ours", "stock"} > pair.keys():
             continue
         o, s = pair["ours"], pair["stock"]
@@ -241,9 +241,12 @@ def _over(a: float | None, b: float | None) -> float | None:
 
 def with_memory_ratio(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Rows with each one's largest rank over its program's one-process peak."""
-    alone = {r["program"]: max(r["peak_memory_gb_per_rank"], default=0) for r in rows if r["ranks"] == 1}
-    return [{**r, "peak_memory_ratio": _over(max(r["peak_memory_gb_per_rank"], default=0),
-                                             alone.get(r["program"]))} for r in rows]
+    alone = {r["program"]: max(r["peak_memory_gb_per_rank"], default=0) for r in rows
+             if r["ranks"] == 1 and "error" not in r}
+    def ratio(r: Mapping[str, Any]) -> float | None:
+        return _over(max(r["peak_memory_gb_per_rank"], default=0), alone.get(r["program"]))
+
+    return [r if "error" in r else {**r, "peak_memory_ratio": ratio(r)} for r in rows]
 
 
 def table(result: Mapping[str, Any]) -> Any:
@@ -257,6 +260,10 @@ def table(result: Mapping[str, Any]) -> Any:
                  "peak ratio"):
         t.add_column(name, justify="left" if name == "program" else "right")
     for r in result["rows"]:
+        if "error" in r:
+            failed = f"failed: {r['error'].splitlines()[-1][:60]}"
+            t.add_row(r["program"], str(r["nodes"]), str(r["ranks"]), failed, *["-"] * 4)
+            continue
         t.add_row(r["program"], str(r["nodes"]), str(r["ranks"]), f"{r['ttft_s']:.3f}",
                   f"{r['tokens_per_second_c1']:.1f}", f"{r['tokens_per_second_c4']:.1f}",
                   " / ".join(f"{p:.2f}" for p in r["peak_memory_gb_per_rank"]),
@@ -308,7 +315,11 @@ def run(rec: Recorded, *, nodes: str | None = None, model: str | None = None, re
             tag = f"{when}-{name}-{n}"
             print(f"==> bench.serve: {name} on {n} node{'s' if n > 1 else ''} "
                   f"({layout.world_size} rank{'s' if layout.world_size > 1 else ''})", flush=True)
-            rows.append(measure(make(tag), work / f"{tag}.log", requests, max_tokens))
+            try:
+                rows.append(measure(make(tag), work / f"{tag}.log", requests, max_tokens))
+            except ServeBenchError as error:  # e.g. stock cannot shard a model whose heads N does not divide
+                print(f"==> {name} on {n} node(s) failed: {error}", flush=True)
+                rows.append({"program": name, "nodes": n, "ranks": layout.world_size, "error": str(error)})
     rows = with_memory_ratio(rows)
     result = {"benchmark": "serve", "date": results.date(), "inventory": rec.inventory,
               "model": str(model_dir), "adapter": "LoRA rank 8 on 16 layers", "requests": requests,

@@ -89,7 +89,62 @@ def memory_bytes() -> dict[str, int | None]:
         for line in meminfo:
             key, value = line.split(":", 1)
             fields[key] = int(value.split()[0]) * 1024
-    return {"total": fields.get("MemTotal"), "available": fields.get("MemAvailable")}
+    total, available = fields.get("MemTotal"), fields.get("MemAvailable")
+    # A control group's limit (a container, a systemd slice, a lab node) is what this node's
+    # processes may take, whatever the machine has: /proc/meminfo does not show it.
+    for limit, room in cgroup_memory():
+        total = min(total, limit) if total is not None else limit
+        available = min(available, room) if available is not None else room
+    return {"total": total, "available": available}
+
+
+# A cgroup v1 "no limit" is the largest page-aligned 63-bit number; anything this large is none.
+_NO_LIMIT = 1 << 60
+
+
+def cgroup_memory(proc_self: str = "/proc/self/cgroup",
+                  root: str = "/sys/fs/cgroup") -> list[tuple[int, int]]:
+    """(limit, room) of every memory limit over this process: its control group and each above it,
+    v2 (`memory.max`) or v1 (`memory.limit_in_bytes`); room is the limit less what the group uses,
+    its reclaimable file cache not counted. None found (no limit, no cgroups): []."""
+    try:
+        with open(proc_self) as cgroups:
+            lines = cgroups.read().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2's unified tree
+            base, names = root, ("memory.max", "memory.current", "inactive_file")
+        elif "memory" in controllers.split(","):
+            base, names = os.path.join(root, "memory"), ("memory.limit_in_bytes", "memory.usage_in_bytes",
+                                                         "total_inactive_file")
+        else:
+            continue
+        parts = [p for p in path.split("/") if p]
+        for depth in range(len(parts), 0, -1):
+            folder = os.path.join(base, *parts[:depth])
+            limit = _number(os.path.join(folder, names[0]))
+            if limit is None or limit >= _NO_LIMIT:
+                continue
+            used = _number(os.path.join(folder, names[1])) or 0
+            cache = _stat(os.path.join(folder, "memory.stat"), names[2]) or 0
+            found.append((limit, max(limit - max(used - cache, 0), 0)))
+    return found
+
+
+def _number(path: str) -> int | None:
+    text = read(path)
+    return int(text) if text is not None and text.strip().isdigit() else None
+
+
+def _stat(path: str, key: str) -> int | None:
+    for line in (read(path) or "").splitlines():
+        name, _, value = line.partition(" ")
+        if name == key and value.strip().isdigit():
+            return int(value)
+    return None
 
 
 def disk_free(path: str) -> int | None:

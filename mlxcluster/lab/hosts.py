@@ -136,6 +136,20 @@ def _ensure_controller_key(lab: Lab) -> str:
     return Path(f"{lab.key}.pub").read_text().strip()
 
 
+def _cgroup_mounts(root: Path = limits.CGROUP_ROOT) -> str:
+    """`ip netns exec` mounts the network namespace's own /sys, without the machine's control
+    groups: mount the memory one again, so that a node sees its memory limit (lab.limit) where a
+    Linux host or a container sees its own, and `invoke doctor` checks against it."""
+    try:
+        unified = limits.layout(root).unified
+    except limits.LimitError:
+        return "# no cgroup memory controller on this machine"
+    if unified:
+        return "mount -t cgroup2 cgroup2 /sys/fs/cgroup || true"
+    return ("mount -t tmpfs -o mode=0755 cgroup /sys/fs/cgroup && mkdir -p /sys/fs/cgroup/memory && "
+            "mount -t cgroup -o memory cgroup /sys/fs/cgroup/memory || true")
+
+
 def _node_script(lab: Lab, i: int, authorized_key: str) -> str:
     """Shell run inside the node's namespaces: mounts, identity, then sshd in the foreground."""
     d = lab.node_dir(i)
@@ -152,6 +166,7 @@ mkdir -p /run/sshd /run/lock
 mount -t tmpfs -o mode=1777 tmpfs /tmp
 mkdir -p {JIT_CACHE} /tmp/mlx
 mount --bind {JIT_CACHE} /tmp/mlx
+{_cgroup_mounts()}
 hostname node{i}
 echo node{i} > /etc/hostname
 cat > /etc/hosts <<'EOF'

@@ -108,9 +108,15 @@ def limit(lab_id: int, node: int, netns: str, *, cpu_percent: float | None = Non
             _write(folder / "memory.max", str(memory_bytes))
             _write(folder / "memory.swap.max", "0")
         else:
-            _write(folder / "memory.limit_in_bytes", str(memory_bytes))
+            # memory + swap may never be below memory alone: a raised limit writes it first.
+            files = ["memory.limit_in_bytes"]
             if (folder / "memory.memsw.limit_in_bytes").exists():
-                _write(folder / "memory.memsw.limit_in_bytes", str(memory_bytes))
+                current = (folder / "memory.limit_in_bytes").read_text().strip()
+                raised = current.isdigit() and memory_bytes > int(current)
+                both = "memory.memsw.limit_in_bytes"
+                files = [both, *files] if raised else [*files, both]
+            for file in files:
+                _write(folder / file, str(memory_bytes))
             _write(folder / "memory.swappiness", "0")
         written.append(folder)
     for folder in dict.fromkeys(written):

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxcluster.errors import UserError
-from mlxcluster.paths import REPO, RUNS
+from mlxcluster.paths import DEFAULT_INVENTORY, REPO, RUNS
 from training.loop.checkpoint_files import newest_whole
 
 
@@ -131,10 +131,24 @@ def base_model(run: Path) -> str:
     return recorded_path(run, read_info(run), "model")
 
 
-def print_summary(results: Path) -> None:
+def print_summary(results: Path, inventory: str | None = None) -> None:
     from rich.console import Console
 
     Console().print(summary_table(results))
+    print("\n".join(next_steps(results, inventory)))
+
+
+def next_steps(results: Path, inventory: str | None = None) -> list[str]:
+    """What to do with a finished run: its commands, as they would be typed here."""
+    run = results.name
+    on = f" -i {inventory}" if inventory and Path(inventory) != Path(DEFAULT_INVENTORY) else ""
+    full = (results / "adapter_config.json").is_file() and \
+        json.loads((results / "adapter_config.json").read_text()).get("fine_tune_type") == "full"
+    lines = ["next:", f'  invoke generate --adapter runs/{run} --prompt "..."   # the base and this run']
+    if not full:
+        lines.append(f"  invoke serve{on} --run {run}   # behind an OpenAI-compatible API, on its nodes")
+    lines.append(f"  invoke fuse --run {run}   # a model folder that mlx_lm generate and mlx_lm.server load")
+    return lines
 
 
 def summary_table(results: Path) -> Any:

@@ -9,7 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,9 +180,10 @@ def tiny_quantized_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def assert_tensor_qlora_is_one_process(cluster: LabCluster, model_dir: Path, data_dir: Path, out: Path,
-                                       ranks: int) -> None:
+                                       ranks: int, then: Callable[[Path], None] | None = None) -> None:
     """`invoke train --parallel tensor` on a 4-bit model: every rank holds packed shards, and the
-    gathered adapters and losses are one process's QLoRA on the same global batches."""
+    gathered adapters and losses are one process's QLoRA on the same global batches; `then` checks
+    more of the run before it is removed."""
     proc = subprocess.run(
         [str(Path(sys.executable).parent / "invoke"), "train", "-i", str(cluster.inventory), "--parallel",
          "tensor", "--model", str(model_dir), "--data", str(data_dir), "--iters", "4", "--batch-size", "2",
@@ -199,6 +200,8 @@ def assert_tensor_qlora_is_one_process(cluster: LabCluster, model_dir: Path, dat
         reference = one_process_run(run_dir, model_dir, data_dir, out)
         print(f"{ranks} tensor-parallel QLoRA ranks against 1 process: "
               f"{assert_trains_as_one_process(run_dir, reference):.3g}")
+        if then is not None:
+            then(run_dir)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 

@@ -23,7 +23,7 @@ import pytest
 import testinfra
 import yaml
 
-from mlxcluster.lab import hosts
+from mlxcluster.lab import hosts, limits
 
 pytestmark = pytest.mark.cluster
 
@@ -305,11 +305,17 @@ def test_doctor_names_a_broken_key_a_version_mismatch_and_a_down_interface(lab_c
     }
     for node, command in breakage.items():
         assert lab_cluster.ssh(node, command).returncode == 0
+    # node3 is also a smaller machine: a control group holds it to 256 MiB (a container, a slice).
+    lab = lab_cluster.lab
+    limits.limit(lab.lab_id, 3, lab.netns(3), memory_bytes=256 * 2**20)
     try:
         code, checks, summary = doctor(lab_cluster)
     finally:
+        limits.clear(lab.lab_id, 3)
         for node, command in repair.items():
             assert lab_cluster.ssh(node, command).returncode == 0
+    memory = next(c for c in checks if c["scope"] == "node3" and c["name"] == "free memory")
+    assert int(re.match(r"(\d+) MiB free", memory["detail"])[1]) <= 256, memory
     assert code != 0 and "failed (see the fix column)" in summary
     red = {(c["scope"], c["name"]): c for c in checks if not c["ok"]}
     key = red["node1 -> node3", "ssh over the cluster link"]

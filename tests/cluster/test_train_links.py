@@ -15,8 +15,10 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -31,7 +33,18 @@ from tests.cluster.conftest import (
     one_process_run,
     rank_weights,
 )
-from tests.cluster.test_train import INVOKE, REPO, finetune_pids, finished_run, invoke_train
+from tests.cluster.test_train import (
+    INVOKE,
+    REPO,
+    SERVE_PORT,
+    finetune_pids,
+    finished_run,
+    invoke_train,
+    serve_pids,
+    serving,
+    tiny_eos,
+    wait_until_gone,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -135,9 +148,32 @@ def test_ring_training_runs_over_every_cable(cabled, tiny_inputs, tmp_path):
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def test_three_nodes_each_holding_packed_shards_of_a_4_bit_model_train_one_process_s_qlora(
+def test_three_nodes_each_holding_packed_shards_of_a_4_bit_model_train_one_process_s_qlora_and_serve_it(
         cabled, tiny_quantized_model, tiny_inputs, tmp_path):
-    assert_tensor_qlora_is_one_process(cabled, tiny_quantized_model, tiny_inputs[1], tmp_path / "one", 3)
+    import openai
+
+    from tests.unit.training.serve.test_server import stock_answer
+
+    def served_as_mlx_lm_generate(run_dir: Path) -> None:
+        """`invoke serve` shards the run's base and adapter across the three nodes as it trained, and
+        answers as stock `mlx_lm generate --adapter-path` does, token for token."""
+        expected = stock_answer(tiny_quantized_model, run_dir, "Ahoy?", 12)
+        with serving(cabled, "--run", str(run_dir)) as server:
+            assert all(serve_pids(cabled, node) for node in (1, 2, 3))
+            api = openai.OpenAI(base_url=f"http://127.0.0.1:{SERVE_PORT}/v1", api_key="unused",
+                                max_retries=0, timeout=120)
+            question = [{"role": "user", "content": "Ahoy?"}]
+            asked = api.chat.completions.create(model=run_dir.name, max_tokens=12, temperature=0,
+                                                logprobs=True, messages=question)
+            eos = {tiny_eos(tiny_quantized_model)}
+            assert [t.id for t in asked.choices[0].logprobs.content if t.id not in eos] == expected.tokens
+            server.send_signal(signal.SIGINT)
+            server.communicate(timeout=90)
+        assert server.returncode == 130
+        wait_until_gone(serve_pids, cabled, (1, 2, 3))
+
+    assert_tensor_qlora_is_one_process(cabled, tiny_quantized_model, tiny_inputs[1], tmp_path / "one", 3,
+                                       then=served_as_mlx_lm_generate)
 
 
 def test_mpi_trains_over_a_full_mesh_of_cables(cabled, tiny_inputs):

@@ -113,6 +113,9 @@ def load(model_path: str, adapters: Sequence[Adapter], group: Any, *,
     sets = {name: sharded_adapter(model, loras, group, held) if tensor else dict(loras)
             for name, loras in whole.items()}
     bare = {path: layers[path] for loras in whole.values() for path in loras}
+    # mlx-lm's layers for the whole model hold the whole base layers: let go of them before any
+    # weight is read, or every adapted layer's whole weights would stay in this rank's memory.
+    del whole
     served = Served(model, tokenizer, quantization.base_weights(config), bare, sets)
     for layer in model.layers:  # read, cut and let go of the weights a layer at a time
         mx.eval(layer.parameters())

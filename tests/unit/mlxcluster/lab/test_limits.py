@@ -62,3 +62,21 @@ def test_memory_sizes_are_read_in_binary_units(text, expected):
 def test_a_memory_size_that_is_not_one_says_how_to_write_it():
     with pytest.raises(limits.LimitError, match="give a size like 800MB"):
         limits.parse_memory("lots")
+
+
+def test_a_v1_limit_raised_writes_memory_and_swap_first(tmp_path, monkeypatch):
+    root = v1(tmp_path)
+    folder = root / "memory" / "mlx-lab3-node2"
+    folder.mkdir()
+    for name in ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"):
+        (folder / name).write_text(str(2**29))
+    order = []
+    real_write = limits._write
+    monkeypatch.setattr(limits, "_write",
+                        lambda path, value: (order.append(path.name), real_write(path, value)))
+    # The kernel refuses a memory limit above the memory + swap one.
+    limits.limit(3, 2, "no-such-netns", memory_bytes=2**30, root=root)
+    assert order[:2] == ["memory.memsw.limit_in_bytes", "memory.limit_in_bytes"]
+    order.clear()
+    limits.limit(3, 2, "no-such-netns", memory_bytes=2**28, root=root)  # lowered: memory first
+    assert order[:2] == ["memory.limit_in_bytes", "memory.memsw.limit_in_bytes"]

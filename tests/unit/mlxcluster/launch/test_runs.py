@@ -177,3 +177,16 @@ def test_the_run_folder_is_read_from_the_summary_table_invoke_train_prints():
     printed = "==> training on 2 ranks\n        run 20261125-094932        \n│ world_size │ 2 │\n"
     assert runs.named_in(printed) == runs.RUNS / "20261125-094932"
     assert runs.named_in("error: no model\n") is None
+
+
+def test_a_finished_run_says_how_to_serve_and_fuse_it(tmp_path):
+    run = tmp_path / "20261125-101010"
+    run.mkdir()
+    (run / "adapter_config.json").write_text(json.dumps({"fine_tune_type": "lora"}))
+    said = "\n".join(runs.next_steps(run, "inventory/studio/hosts.yml"))
+    assert "invoke serve -i inventory/studio/hosts.yml --run 20261125-101010" in said
+    assert "invoke fuse --run 20261125-101010" in said
+    here = "\n".join(runs.next_steps(run, "inventory/local/hosts.yml"))
+    assert "invoke serve --run 20261125-101010" in here
+    (run / "adapter_config.json").write_text(json.dumps({"fine_tune_type": "full"}))
+    assert "invoke serve" not in "\n".join(runs.next_steps(run))  # a whole model: fused, not an adapter
