@@ -4,8 +4,8 @@ Each configuration is a server started as `invoke serve` starts it (ours: the ba
 adapter, which every request asks for), or stock `mlx_lm.server` launched on the same ranks by the
 same launcher (distributed, it shards the base itself and takes no adapter), on the same model:
 one process on the launcher, then tensor-parallel across the first 2, 3 ... nodes. Against each,
-the same streamed chat requests from this machine, with distinct prompts: time to first token
-(the median of requests one at a time), output tokens per second with 1 and with 4 requests at
+the same chat requests from this machine, with distinct prompts: time to first token (the median
+of one-token requests, one at a time), output tokens per second of streamed requests, 1 and 4 at
 once (all tokens over the wall time, prompts included), and each rank's peak resident memory (its
 high-water mark on Linux, its resident size at the end on macOS), read on its node before the
 server stops. The JSON holds every figure and ours over stock's per layout.
@@ -110,50 +110,62 @@ def stock(rec: Recorded, layout: Cluster, model: Path, port: int, tag: str, thre
 @dataclasses.dataclass(frozen=True)
 class Answer:
     started: float
-    first_token: float | None  # when the first text arrived (None: no text)
     ended: float
     tokens: int  # completion tokens, as the server's usage says
 
 
-def ask(port: int, model: str, prompt: str, max_tokens: int) -> Answer:
-    """One streamed chat request, timed on this machine."""
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}],
-                       "max_tokens": max_tokens, "temperature": 0, "stream": True,
-                       "stream_options": {"include_usage": True}})
+def _post(port: int, body: dict[str, Any]) -> http.client.HTTPResponse:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    connection.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    if response.status != 200:
+        raise ServeBenchError(f"the server answered {response.status}: {response.read()[:300]!r}")
+    return response
+
+
+def ask(port: int, model: str, prompt: str, max_tokens: int) -> Answer:
+    """One streamed chat request, as clients send them, timed on this machine."""
     started = time.perf_counter()
-    first, tokens = None, 0
-    try:
-        connection.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
-        response = connection.getresponse()
-        if response.status != 200:
-            raise ServeBenchError(f"the server answered {response.status}: {response.read()[:300]!r}")
+    response = _post(port, {"model": model, "messages": [{"role": "user", "content": prompt}],
+                            "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                            "stream_options": {"include_usage": True}})
+    tokens = 0
+    with response:
         for raw in response:
             line = raw.decode(errors="replace").strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line.removeprefix("data: "))
-            if chunk.get("usage"):
-                tokens = int(chunk["usage"].get("completion_tokens") or 0)
-            said = [(c.get("delta") or {}).get("content") for c in chunk.get("choices") or []]
-            if first is None and any(said):
-                first = time.perf_counter()
-    finally:
-        connection.close()
-    return Answer(started, first, time.perf_counter(), tokens)
+            if line.startswith("data: {"):
+                usage = json.loads(line.removeprefix("data: ")).get("usage")
+                tokens = int(usage.get("completion_tokens") or 0) if usage else tokens
+    return Answer(started, time.perf_counter(), tokens)
+
+
+def first_token_seconds(port: int, model: str, prompt: str) -> float:
+    """The time to the first token: a request for one token, answered whole. (A stream's first
+    text is no measure: the server sends text only once it makes whole characters, which depends
+    on what the model says.)"""
+    started = time.perf_counter()
+    with _post(port, {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 1,
+                      "temperature": 0}) as response:
+        response.read()
+    return time.perf_counter() - started
 
 
 def load(port: int, model: str, concurrency: int, requests: int, max_tokens: int) -> dict[str, Any]:
-    """`requests` requests, `concurrency` at a time: their time to first token and output tokens/s."""
+    """`requests` streamed requests, `concurrency` at a time: the output tokens per second."""
     prompts = [PROMPTS[i % len(PROMPTS)] + f" ({i})" for i in range(requests)]
     with ThreadPoolExecutor(concurrency) as pool:
         answers = list(pool.map(lambda p: ask(port, model, p, max_tokens), prompts))
     wall = max(a.ended for a in answers) - min(a.started for a in answers)
-    ttfts = [a.first_token - a.started for a in answers if a.first_token is not None]
     tokens = sum(a.tokens for a in answers)
     return {"concurrency": concurrency, "requests": requests, "completion_tokens": tokens,
-            "wall_s": round(wall, 3), "tokens_per_second": round(tokens / wall, 2) if wall else None,
-            "ttft_s_median": round(statistics.median(ttfts), 4) if ttfts else None}
+            "wall_s": round(wall, 3), "tokens_per_second": round(tokens / wall, 2) if wall else None}
+
+
+def ttft(port: int, model: str, requests: int) -> float:
+    """The median time to the first token of `requests` requests, one at a time, each a prompt of
+    its own (the prompt cache of neither server answers for it)."""
+    return round(statistics.median(first_token_seconds(port, model, f"{PROMPTS[i % len(PROMPTS)]} [{i}]")
+                                   for i in range(requests)), 4)
 
 
 def wait_ready(port: int, process: subprocess.Popen, log: Path) -> None:
@@ -206,11 +218,12 @@ def running(server: Server, log: Path) -> Iterator[None]:
 def measure(server: Server, log: Path, requests: int, max_tokens: int) -> dict[str, Any]:
     with running(server, log):
         load(server.port, server.model, 1, 1, 8)  # warm-up: the first request's compile and caches
+        first = ttft(server.port, server.model, requests)
         figures = {f"c{c}": load(server.port, server.model, c, max(requests, c), max_tokens)
                    for c in CONCURRENCY}
         memory = peaks(server)
     return {"program": server.program, "nodes": len(server.layout.training_nodes),
-            "ranks": server.layout.world_size, "ttft_s": figures["c1"]["ttft_s_median"],
+            "ranks": server.layout.world_size, "ttft_s": first,
             **{f"tokens_per_second_c{c}": figures[f"c{c}"]["tokens_per_second"] for c in CONCURRENCY},
             "peak_memory_gb_per_rank": memory, "loads": figures}
 
@@ -253,9 +266,9 @@ def table(result: Mapping[str, Any]) -> Any:
     from rich.table import Table
 
     t = Table(title=f"bench.serve: {Path(result['model']).name}, {result['max_tokens']} tokens per answer",
-              caption="ttft: median time to first token, one request at a time; tokens/s: output tokens "
-                      "over the wall time, 1 and 4 requests at once; peak: each rank's, and the largest "
-                      "over its program's one process")
+              caption="ttft: median time to first token (a one-token request), one at a time; tokens/s: "
+                      "output tokens over the wall time, 1 and 4 requests at once; peak: each rank's, and "
+                      "the largest over its program's one process")
     for name in ("program", "nodes", "ranks", "ttft s", "tokens/s (1)", "tokens/s (4)", "peak GB per rank",
                  "peak ratio"):
         t.add_column(name, justify="left" if name == "program" else "right")
