@@ -455,16 +455,18 @@ def bench_tensor(c, inventory=None, nodes=None, iters=None, batch_size=None, dat
     max_tokens="Tokens per answer (default 64)",
     port="Port of the servers, on the launcher and here (default 18080)",
     stock="Stock mlx_lm.server on the same ranks too (default; --no-stock leaves it out)",
+    rounds="Rounds, each server started afresh, the programs alternating; medians reported (default 1)",
     output="JSON path (default runs/bench/serve-<time>.json)"))
 def bench_serve(c, inventory=None, nodes=None, model=None, requests=None, max_tokens=None, port=None,
-                threads=None, stock=True, output=None):
+                threads=None, stock=True, rounds=None, output=None):
     """Our server against stock mlx_lm.server: time to first token, tokens/s at 1 and 4 requests at
     once, each rank's peak memory; one process, then tensor-parallel."""
     bench_serve_module.run(recorded(_inventory(c, inventory)), nodes=nodes, model=model,
                            requests=_whole(requests, "--requests", 1, 1000) or 8,
                            max_tokens=_whole(max_tokens, "--max-tokens", 1, 100_000) or 64,
                            port=_whole(port, "--port", 1, 65535) or 18080,
-                           threads=_whole(threads, "--threads", 1, 1024), stock_too=stock, output=output)
+                           threads=_whole(threads, "--threads", 1, 1024), stock_too=stock,
+                           rounds=_whole(rounds, "--rounds", 1, 100) or 1, output=output)
 
 
 @task(name="calibrate", help=helps(

@@ -92,3 +92,15 @@ def test_node_counts_are_checked_against_the_cluster():
     for wrong in ("0,2", "4", "two"):
         with pytest.raises(serve.ServeBenchError, match="node counts from 1 to the 3 training nodes"):
             serve.node_counts(wrong, 3)
+
+
+def test_rounds_are_reduced_to_medians_and_each_rank_s_largest_peak():
+    measured = [row("ours", 2, 0.3, 10, 30, [0.6, 0.5]) | {"round": 1},
+                row("ours", 2, 0.1, 30, 10, [0.5, 0.7]) | {"round": 2},
+                row("ours", 2, 0.2, 20, 20, [0.5, 0.5]) | {"round": 3},
+                {"program": "stock", "nodes": 2, "ranks": 2, "round": 1, "error": "cannot shard"}]
+    ours, stock = serve.medians(measured)
+    assert ours == {"program": "ours", "nodes": 2, "ranks": 2, "rounds": 3, "ttft_s": 0.2,
+                    "tokens_per_second_c1": 20, "tokens_per_second_c4": 20,
+                    "peak_memory_gb_per_rank": [0.6, 0.7]}
+    assert stock == {"program": "stock", "nodes": 2, "ranks": 2, "error": "cannot shard"}
