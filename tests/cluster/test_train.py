@@ -662,16 +662,6 @@ def test_serve_a_data_parallel_run_in_one_process_on_the_launcher(provisioned, t
     wait_until_gone(serve_pids, provisioned, (1,))
 
 
-def test_ctrl_c_stops_every_rank_of_the_server(provisioned, two_adapters):
-    lora, _ = two_adapters
-    with serving(provisioned, "--run", lora.name) as server:
-        server.send_signal(signal.SIGINT)
-        _, stderr = server.communicate(timeout=90)
-    assert server.returncode == 130, stderr[-2000:]
-    assert "every rank of the server" in stderr
-    wait_until_gone(serve_pids, provisioned)
-
-
 def test_train_stops_before_launching_when_a_node_is_down(provisioned, tiny_inputs):
     """Last in this file: node2 stays down."""
     model_dir, data_dir = tiny_inputs

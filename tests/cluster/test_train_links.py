@@ -156,7 +156,8 @@ def test_three_nodes_each_holding_packed_shards_of_a_4_bit_model_train_one_proce
 
     def served_as_mlx_lm_generate(run_dir: Path) -> None:
         """`invoke serve` shards the run's base and adapter across the three nodes as it trained, and
-        answers as stock `mlx_lm generate --adapter-path` does, token for token."""
+        answers as stock `mlx_lm generate --adapter-path` does, token for token; Ctrl-C stops every
+        rank on every node."""
         expected = stock_answer(tiny_quantized_model, run_dir, "Ahoy?", 12)
         with serving(cabled, "--run", str(run_dir)) as server:
             assert all(serve_pids(cabled, node) for node in (1, 2, 3))
