@@ -31,7 +31,7 @@ from mlxcluster.check import doctor, room
 from mlxcluster.describe.cluster import Cluster, Recorded
 from mlxcluster.errors import UserError
 from mlxcluster.jobs import serve as serving
-from mlxcluster.launch import builder, parallel, remote, shipment, sync
+from mlxcluster.launch import builder, parallel, remote, sync
 from mlxcluster.paths import REPO
 from mlxcluster.provision import inputs
 
@@ -93,17 +93,11 @@ def ours(rec: Recorded, layout: Cluster, adapter: Path, model: Path, port: int, 
 def stock(rec: Recorded, layout: Cluster, model: Path, port: int, tag: str, threads: int | None) -> Server:
     """Stock mlx_lm.server on `layout`'s ranks, launched as ours is (the same backend and ranks'
     environment), with the model sent as ours sends it."""
-    installed = inputs.installed_model(rec.cluster, str(model))
-    placed = sync.model_place(layout, model, installed["path"] if installed else None)
-    shipped = shipment.Shipment(model, ()) if installed else shipment.model(model)
+    placed, steps = serving.code_and_model(rec, layout, model)
     marker = f"stock-serve-{tag}"
     job = builder.Job(stock_program(placed, port, marker), backend=builder.choice_for(layout, None).backend,
                       threads=threads, interactive=False, mlx_envs=rec.mlx_envs)
-    head = layout.head
-    tunnel = None if remote.is_local(head) else [
-        *remote.ssh_options(head), "-N", "-o", "ExitOnForwardFailure=yes",
-        "-L", f"127.0.0.1:{port}:127.0.0.1:{port}", remote.destination(head)]
-    steps = [*sync.push_code(layout), *sync.model_steps(layout, shipped, placed, installed=bool(installed))]
+    tunnel = serving.tunnel_command(layout.head, "127.0.0.1", port)
     return Server("stock", layout, steps, builder.command(layout, job), tunnel, port, marker, "default_model")
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from mlxcluster.check import probe, room
 from mlxcluster.errors import Interrupted, UserError
 from mlxcluster.launch import runs
+from training.model import quantization
 
 # Stock mlx_lm fuse holds the model as loaded, its fused layers and what it writes: about the model
 # loaded plus the model written (measured: 1.35x the float SmolLM2's size; 2x is the bound we use).
@@ -63,10 +64,6 @@ def _config(model: Path) -> dict:
         raise FuseError(f"{model}/config.json cannot be read ({error})") from None
 
 
-def _quantized(config: dict) -> bool:
-    return "quantization" in config or "quantization_config" in config
-
-
 def _size(n: int) -> str:
     return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / 2**20:.0f} MiB"
 
@@ -79,7 +76,7 @@ def plan(options: Options, available: int | None = None, disk_free: int | None =
     run = runs.named(options.run)
     model = runs.model_for(run, options.model)
     config = _config(model)
-    if options.dequantize and not _quantized(config):
+    if options.dequantize and not quantization.is_quantized(config):
         raise FuseError(f"--dequantize: {model} is not quantized (its weights are float already): "
                         "leave out --dequantize")
     if options.gguf and (why := gguf_refusal(model, config, options.dequantize)):

@@ -132,11 +132,7 @@ def plan(rec: Recorded, options: Options, serve_id: str) -> Plan:
     if what.mode == "tensor":
         parallel.check(cluster, what.model, "tensor")
     head = cluster.head
-    installed = inputs.installed_model(rec.cluster, str(what.model))
-    model = shipment.Shipment(what.model, ()) if installed else shipment.model(what.model)
-    placed_model = sync.model_place(cluster, what.model, installed["path"] if installed else None)
-    steps = [*sync.push_code(cluster),
-             *sync.model_steps(cluster, model, placed_model, installed=bool(installed))]
+    placed_model, steps = code_and_model(rec, cluster, what.model)
     marker = f"serve-{serve_id}"
     # A run's adapters keep one place on the nodes: serving it again sends nothing.
     adapters_dir = f"{head.work_dir}/adapters"
@@ -162,10 +158,7 @@ def plan(rec: Recorded, options: Options, serve_id: str) -> Plan:
     choice = builder.choice_for(cluster, options.backend)
     job = builder.Job(program, backend=choice.backend, threads=options.threads, interactive=False,
                       mlx_envs=rec.mlx_envs)
-    local = remote.is_local(head) or options.host not in LOOPBACK
-    tunnel = None if local else [*remote.ssh_options(head), "-N", "-o", "ExitOnForwardFailure=yes",
-                                 "-L", f"127.0.0.1:{options.port}:127.0.0.1:{options.port}",
-                                 remote.destination(head)]
+    tunnel = tunnel_command(head, options.host, options.port)
     ranks = f"{cluster.world_size} rank{'s' if cluster.world_size > 1 else ''}"
     how = "tensor-parallel across " + ", ".join(n.name for n in cluster.training_nodes) \
         if what.mode == "tensor" else f"one process on {head.name}"
@@ -175,6 +168,25 @@ def plan(rec: Recorded, options: Options, serve_id: str) -> Plan:
               if options.host not in LOOPBACK else []))
     return Plan(what.model, what.mode, cluster, steps, builder.command(cluster, job), tunnel,
                 f"http://{reached_at(head, options.host)}:{options.port}/v1", options.port, said, marker)
+
+
+def code_and_model(rec: Recorded, cluster: Cluster, model: Path) -> tuple[str, list[sync.Step]]:
+    """Where the model is on the nodes, and the steps that put the code and it there (verified
+    where provisioning installed it, else copied as `invoke train` copies it)."""
+    installed = inputs.installed_model(rec.cluster, str(model))
+    shipped = shipment.Shipment(model, ()) if installed else shipment.model(model)
+    placed = sync.model_place(cluster, model, installed["path"] if installed else None)
+    return placed, [*sync.push_code(cluster),
+                    *sync.model_steps(cluster, shipped, placed, installed=bool(installed))]
+
+
+def tunnel_command(head: Node, host: str, port: int) -> list[str] | None:
+    """The controller's ssh that forwards the launcher's loopback `port` to its own (None: the
+    launcher is this machine, or the server listens on a network)."""
+    if remote.is_local(head) or host not in LOOPBACK:
+        return None
+    return [*remote.ssh_options(head), "-N", "-o", "ExitOnForwardFailure=yes",
+            "-L", f"127.0.0.1:{port}:127.0.0.1:{port}", remote.destination(head)]
 
 
 def reached_at(head: Node, host: str) -> str:

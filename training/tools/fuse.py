@@ -30,6 +30,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
+from training.model import quantization
+
 # What a fused file holds at most (stock writes files of up to 5 GB; a smaller one bounds the memory).
 MAX_FILE_BYTES = 1 << 30
 # llama.cpp's GGUF writer in mlx-lm takes these architectures only.
@@ -66,7 +68,7 @@ def gguf_refusal(model_dir: Path, config: dict, dequantize: bool) -> str | None:
     if config.get("model_type") not in GGUF_TYPES:
         return (f"a GGUF file is written for {', '.join(GGUF_TYPES)} models only (mlx-lm's writer), "
                 f"not {config.get('model_type')!r}: leave out --gguf")
-    if ("quantization" in config or "quantization_config" in config) and not dequantize:
+    if quantization.is_quantized(config) and not dequantize:
         return "a quantized model's GGUF file is written dequantized: add --dequantize"
     # mlx-lm's writer stores every vocabulary as sentencepiece's ("llama"): a byte-level one would be
     # read wrongly by llama.cpp, which needs its own converter's "gpt2" vocabulary for it.
