@@ -15,7 +15,9 @@ wrap `nn.Linear`, not the sharded layers. Here:
    whole, and the rank-r activation sums its gradients across ranks on the way back (it feeds
    every rank's output shard). Row-parallel (sharded-to-all: the input split, the output summed):
    `lora_a`'s input is split, and a rank-r all-sum joins the ranks' parts before the whole
-   `lora_b`. Every replicated matrix gets the same gradient on every rank: no averaging.
+   `lora_b`. Every replicated matrix gets the same gradient on every rank: no averaging. Answering
+   (not training: `invoke serve`), a row-parallel layer joins its base's and LoRA's parts in one
+   all-sum, not two: the all-sums are what a token costs across ranks.
    `ShardedDoRALinear` adds DoRA's magnitudes, one per output: cut like the outputs in a
    column-parallel layer (whose rows each rank holds whole, and so their norms), whole in a
    row-parallel one, where each adapted row's norm is the root of the ranks' summed squares.
@@ -119,7 +121,19 @@ class ShardedLoRALinear(nn.Module):
             return sum_gradients(self.group)(h)  # it feeds every rank's output part
         return mx.distributed.all_sum(h, group=self.group)  # each rank holds a part of the input
 
+    def _answered(self, x: mx.array, weight: mx.array | None = None) -> mx.array:
+        """Row-parallel, not training: the ranks' parts of the base's and LoRA's outputs joined by one
+        all-sum, as sum_r (x_r W_r^T + s (x_r A_r) B) = x W^T + s (x A) B, where training sums
+        x A first (two all-sums a layer). Only to answer: under a gradient, `lora_b`'s would be each
+        rank's part, not the whole one. `weight`: the base's as floats (DoRA), else its own."""
+        base = x @ weight.T if weight is not None else unsummed(self.linear, x)
+        z = (x @ self.lora_a) @ self.lora_b
+        return mx.distributed.all_sum(base + (self.scale * z).astype(x.dtype), group=self.group)
+
     def __call__(self, x: mx.array) -> mx.array:
+        if not (self.column or self.training):
+            y = self._answered(x)
+            return y + self.linear["bias"] if "bias" in self.linear else y
         y = self.linear(x)
         z = self._low_rank(x) @ self.lora_b
         return y + (self.scale * z).astype(x.dtype)
@@ -153,14 +167,27 @@ class ShardedDoRALinear(ShardedLoRALinear):
         weight = quantized.float_weight(self.linear)  # a quantized base's dequantized, as mlx-lm's DoRA does
         if self.column:
             y = sum_gradients(self.group)(x) @ weight.T
+            out = y + (self.scale * (self._low_rank(x) @ self.lora_b)).astype(x.dtype)
+        elif not self.training:
+            out = self._answered(x, weight)
         else:
             y = mx.distributed.all_sum(x @ weight.T, group=self.group)
-        out = y + (self.scale * (self._low_rank(x) @ self.lora_b)).astype(x.dtype)
+            out = y + (self.scale * (self._low_rank(x) @ self.lora_b)).astype(x.dtype)
         denom = mx.stop_gradient(self._row_norms(weight))
         out = (self.m / denom).astype(x.dtype) * out
         if "bias" in self.linear:
             out = out + self.linear["bias"]
         return out
+
+
+def unsummed(layer: nn.Module, x: mx.array) -> mx.array:
+    """A row-parallel layer's (float or quantized) product of this rank's part of the input, before
+    the ranks' parts are summed and the bias added: its __call__ without the all-sum."""
+    if not quantized.is_packed(layer):
+        return x @ layer["weight"].T
+    return mx.quantized_matmul(x, layer["weight"], scales=layer["scales"], biases=layer.get("biases"),
+                               transpose=True, group_size=layer.group_size, bits=layer.bits,
+                               mode=getattr(layer, "mode", "affine"))
 
 
 # --- loading a shard of the model ------------------------------------------------------------------

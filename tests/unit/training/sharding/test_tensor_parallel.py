@@ -208,3 +208,42 @@ def test_the_tensor_benchmark_compares_the_largest_rank_with_one_process(tmp_pat
     assert bench.figures(single, split) == {"peak_memory_ratio": 0.575, "tokens_per_second_ratio": 0.6}
     png = bench.plot({"1 rank": tmp_path / "one", "3 ranks": tmp_path / "three"}, tmp_path / "t.png", "t")
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("dora", [False, True], ids=["lora", "dora"])
+@pytest.mark.parametrize("packed", [False, True], ids=["float", "4-bit"])
+def test_answering_a_row_parallel_layer_sums_its_base_and_adapter_at_once(
+        monkeypatch: pytest.MonkeyPatch, dora: bool, packed: bool):
+    """Serving's path (eval mode) gives training's output with one all-sum where training has two:
+    the all-sums are what a token costs across ranks (bench.serve against stock mlx_lm.server)."""
+    import mlx.nn as nn
+    from mlx.nn.layers.distributed import QuantizedShardedToAllLinear, ShardedToAllLinear
+    from mlx_lm.tuner.dora import DoRALinear
+    from mlx_lm.tuner.lora import LoRALinear
+
+    from training.sharding.tensor_parallel import ShardedDoRALinear, ShardedLoRALinear
+
+    mx.random.seed(3)
+    group = mx.distributed.init()
+    linear: nn.Module = nn.Linear(64, 32, bias=True)
+    if packed:
+        linear = nn.QuantizedLinear.from_linear(linear, group_size=32, bits=4)
+        base = QuantizedShardedToAllLinear.from_quantized_linear(linear, group=group)
+    else:
+        base = ShardedToAllLinear.from_linear(linear, group=group)
+    lora = (DoRALinear if dora else LoRALinear).from_base(linear, r=4, scale=2.0)
+    lora.lora_b = mx.random.normal(lora.lora_b.shape) * 0.1  # mlx-lm starts it at zero
+    layer = (ShardedDoRALinear if dora else ShardedLoRALinear)(base, lora, group, (0, 64))
+    x = mx.random.normal((2, 5, 64))
+
+    sums = []
+    all_sum = mx.distributed.all_sum
+    monkeypatch.setattr(mx.distributed, "all_sum", lambda *a, **k: sums.append(1) or all_sum(*a, **k))
+    trained = layer(x)
+    training_sums = len(sums)
+    layer.eval()
+    answered = layer(x)
+
+    assert len(sums) - training_sums == training_sums - 1
+    assert mx.allclose(answered, trained, atol=1e-5).item()
+    assert mx.allclose(answered, lora(x), atol=1e-5).item()  # and one process's mlx-lm layer
