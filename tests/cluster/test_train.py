@@ -35,6 +35,7 @@ from tests.cluster.conftest import (
     rank_weights,
     sub_cluster,
 )
+from training.model import stand_in
 
 pytestmark = pytest.mark.cluster
 
@@ -556,8 +557,13 @@ SERVE_PORT = 18091
 
 
 def serve_pids(cluster, node: int) -> list[int]:
-    """The server's processes on one lab node."""
+    """The server's processes on one lab node: its ranks, and on the launcher its front."""
     return pids_running(cluster, node, b"training.serve")
+
+
+def rank_pids(cluster, node: int) -> list[int]:
+    """The server's ranks on one lab node (`python -m training.serve`), not its front."""
+    return pids_running(cluster, node, b"-m\x00training.serve\x00")
 
 
 @contextlib.contextmanager
@@ -575,8 +581,13 @@ def serving(cluster, *args: str) -> Iterator[subprocess.Popen]:
             pytest.fail(f"the server never started: {server.stderr.read()[-3000:]}")
         yield server
     finally:
-        server.kill()
-        server.communicate()
+        if server.poll() is None:  # a failed test: stop it as a user would (its tunnel and ranks too)
+            server.terminate()
+            try:
+                server.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.communicate()
 
 
 @pytest.fixture(scope="module")
@@ -611,7 +622,7 @@ def test_serve_shards_the_base_across_both_nodes_and_answers_each_adapter_as_mlx
                             timeout=120)
         assert [m.id for m in api.models.list().data] == [model_dir.name, lora.name, dora.name]
         # Both nodes hold a rank of the server: the base is sharded (the LoRA run trained so).
-        assert serve_pids(provisioned, 1) and serve_pids(provisioned, 2)
+        assert rank_pids(provisioned, 1) and rank_pids(provisioned, 2)
         for name in (lora.name, dora.name, model_dir.name, lora.name):
             asked = api.chat.completions.create(model=name, max_tokens=16, temperature=0, logprobs=True,
                                                 messages=[{"role": "user", "content": prompt}])
@@ -625,16 +636,26 @@ def test_serve_shards_the_base_across_both_nodes_and_answers_each_adapter_as_mlx
         with pytest.raises(openai.BadRequestError):
             api.chat.completions.create(model="nobody", max_tokens=4,
                                         messages=[{"role": "user", "content": "hi"}])
-        # A rank that dies ends the server: the node is named, the exit is not 0, nothing is left.
+        # A rank that dies ends the server: a client waiting on an answer is told why (mpirun kills
+        # rank 0 at once: the front says it), the node is named, the exit is not 0, nothing is left.
+        ends = {str(len(stand_in.BYTES) + i): -100 for i in range(len(stand_in.SPECIALS))}  # no early end
+        stream = api.chat.completions.create(model=lora.name, max_tokens=20000, temperature=0, stream=True,
+                                             logit_bias=ends, messages=[{"role": "user", "content": prompt}])
+        time.sleep(1.0)  # under way (its headers came; its text may not: bytes need whole characters)
+        dying = serve_pids(provisioned, 2)
+        for pid in dying:  # frozen first: the answer cannot end before the rank dies
+            os.kill(pid, signal.SIGSTOP)
         killed = time.perf_counter()
-        for pid in serve_pids(provisioned, 2):
+        for pid in dying:
             os.kill(pid, signal.SIGKILL)
+        with pytest.raises(openai.APIError, match="the server stopped before answering"):
+            for _ in stream:
+                pass
         _, stderr = server.communicate(timeout=120)
         print(f"a serving rank killed -> invoke serve returned in {time.perf_counter() - killed:.1f} s")
     assert server.returncode not in (0, None)
     assert "node2" in stderr and "the server stopped" in stderr, stderr[-2000:]
-    for node in (1, 2):
-        assert serve_pids(provisioned, node) == []
+    wait_until_gone(serve_pids, provisioned, (1, 2), timeout=15)
 
 
 def tiny_eos(model_dir: Path) -> int:
@@ -651,7 +672,7 @@ def test_serve_a_data_parallel_run_in_one_process_on_the_launcher(provisioned, t
     _, dora = two_adapters
     expected = stock_answer(tiny_inputs[0], dora, "Ahoy?", 8)
     with serving(provisioned, "--run", dora.name) as server:
-        assert len(serve_pids(provisioned, 1)) == 1 and serve_pids(provisioned, 2) == []
+        assert len(rank_pids(provisioned, 1)) == 1 and serve_pids(provisioned, 2) == []
         api = openai.OpenAI(base_url=f"http://127.0.0.1:{SERVE_PORT}/v1", api_key="unused", max_retries=0)
         asked = api.chat.completions.create(model=dora.name, max_tokens=8, temperature=0,
                                             messages=[{"role": "user", "content": "Ahoy?"}])

@@ -1,6 +1,7 @@
 """`python -m training.serve`: one rank of a server (every rank of a tensor-parallel one runs it).
 
-Rank 0 listens on HTTP; the others load their shards and follow rank 0's requests. The controller
+Rank 0 answers HTTP on a loopback port behind its front (training/serve/front.py, which holds the
+API's address); the others load their shards and follow rank 0's requests. The controller
 starts it on every node (`invoke serve`); by hand, on one machine:
 
     python -m training.serve --model models/smollm2-135m-float32 --adapter pirate=runs/20261125-101010
@@ -78,10 +79,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
     api_key = args.api_key_file.read_text().strip() if args.api_key_file else None
 
     from mlx_lm.models.cache import LRUPromptCache
-    from mlx_lm.server import _run_http_server
 
     from training.distributed import DistributedError, init_distributed
-    from training.serve import server
+    from training.serve import front, server
     from training.serve.model import load
     from training.sharding.tensor_parallel import check_collectives
 
@@ -107,10 +107,22 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
         return 1
     threading.Thread(target=watch, args=(generator,), daemon=True).start()
     sizes = ", ".join(f"{name} {size / 2**20:.1f} MB" for name, size in served.adapter_bytes.items())
+    # Rank 0 answers on loopback, behind its front (training/serve/front.py), which holds the API's
+    # address and tells a client whose answer breaks off why: under MPI a dead rank takes rank 0 with it.
+    httpd = server.http_server(generator, api_key)
+    try:
+        front.start(args.host, args.port, httpd.server_address[1], args.tag)
+    except front.FrontError as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        return 2
     print(f"{READY} http://{args.host}:{args.port}/v1 on {group.size()} rank(s); "
           f"{server.names_line(base_name, list(served.sets), default if default != base_name else BASE)}"
           f"{'; adapters per rank: ' + sizes if sizes else ''}; base {served.base_weights}", flush=True)
-    _run_http_server(args.host, args.port, generator, handler_class=server.handler_class(api_key))
+    try:
+        httpd.serve_forever()
+    except KeyboardInterrupt:
+        httpd.shutdown()
+        generator.stop_and_join()
     return 0
 
 

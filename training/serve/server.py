@@ -28,10 +28,11 @@ import argparse
 import hmac
 import json
 from collections.abc import Mapping, Sequence
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 from mlx_lm.models.cache import make_prompt_cache
-from mlx_lm.server import APIHandler, ModelProvider, ResponseGenerator
+from mlx_lm.server import APIHandler, ModelProvider, ResponseGenerator, get_system_fingerprint
 
 from training.serve.model import BASE, Served
 
@@ -233,6 +234,15 @@ class Handler(APIHandler):
 
 def handler_class(api_key: str | None) -> type[Handler]:
     return type("KeyedHandler", (Handler,), {"api_key": api_key})
+
+
+def http_server(generator: Generator, api_key: str | None) -> ThreadingHTTPServer:
+    """mlx-lm's HTTP server (as its _run_http_server makes it) for rank 0, on a free loopback port:
+    clients reach it through the front (training/serve/front.py)."""
+    handler = handler_class(api_key)
+    fingerprint = get_system_fingerprint()
+    return ThreadingHTTPServer(("127.0.0.1", 0), lambda *args, **kwargs: handler(
+        generator, *args, system_fingerprint=fingerprint, **kwargs))
 
 
 def context_length(config: Mapping[str, Any]) -> int | None:
