@@ -106,7 +106,6 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
         generator.join()  # returns only when generation stopped: a rank went away
         return 1
     threading.Thread(target=watch, args=(generator,), daemon=True).start()
-    sizes = ", ".join(f"{name} {size / 2**20:.1f} MB" for name, size in served.adapter_bytes.items())
     # Rank 0 answers on loopback, behind its front (training/serve/front.py), which holds the API's
     # address and tells a client whose answer breaks off why: under MPI a dead rank takes rank 0 with it.
     httpd = server.http_server(generator, api_key)
@@ -115,15 +114,23 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
     except front.FrontError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         return 2
-    print(f"{READY} http://{args.host}:{args.port}/v1 on {group.size()} rank(s); "
-          f"{server.names_line(base_name, list(served.sets), default if default != base_name else BASE)}"
-          f"{'; adapters per rank: ' + sizes if sizes else ''}; base {served.base_weights}", flush=True)
+    print(ready_line(args, group.size(), served, base_name, default), flush=True)
     try:
         httpd.serve_forever()
     except KeyboardInterrupt:
         httpd.shutdown()
         generator.stop_and_join()
     return 0
+
+
+def ready_line(args: argparse.Namespace, ranks: int, served: Any, base_name: str, default: str) -> str:
+    """What rank 0 says once clients can ask: where, on how many ranks, the models, their memory."""
+    from training.serve import server
+
+    sizes = ", ".join(f"{name} {size / 2**20:.1f} MB" for name, size in served.adapter_bytes.items())
+    return (f"{READY} http://{args.host}:{args.port}/v1 on {ranks} rank(s); "
+            f"{server.names_line(base_name, list(served.sets), default if default != base_name else BASE)}"
+            f"{'; adapters per rank: ' + sizes if sizes else ''}; base {served.base_weights}")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -57,19 +57,16 @@ class Front(ThreadingHTTPServer):
         self._lock = threading.Lock()
         self.in_flight = 0
 
-    def counted(self) -> contextlib.AbstractContextManager[None]:
-        front = self
-
-        @contextlib.contextmanager
-        def inner():
-            with front._lock:
-                front.in_flight += 1
-            try:
-                yield
-            finally:
-                with front._lock:
-                    front.in_flight -= 1
-        return inner()
+    @contextlib.contextmanager
+    def counted(self) -> Iterator[None]:
+        """A request in flight while inside."""
+        with self._lock:
+            self.in_flight += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.in_flight -= 1
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         pass  # a client that went away; the console is rank 0's, and may be gone

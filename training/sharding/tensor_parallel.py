@@ -165,13 +165,11 @@ class ShardedDoRALinear(ShardedLoRALinear):
 
     def __call__(self, x: mx.array) -> mx.array:
         weight = quantized.float_weight(self.linear)  # a quantized base's dequantized, as mlx-lm's DoRA does
-        if self.column:
-            y = sum_gradients(self.group)(x) @ weight.T
-            out = y + (self.scale * (self._low_rank(x) @ self.lora_b)).astype(x.dtype)
-        elif not self.training:
+        if not (self.column or self.training):
             out = self._answered(x, weight)
         else:
-            y = mx.distributed.all_sum(x @ weight.T, group=self.group)
+            y = (sum_gradients(self.group)(x) @ weight.T if self.column
+                 else mx.distributed.all_sum(x @ weight.T, group=self.group))
             out = y + (self.scale * (self._low_rank(x) @ self.lora_b)).astype(x.dtype)
         denom = mx.stop_gradient(self._row_norms(weight))
         out = (self.m / denom).astype(x.dtype) * out
