@@ -46,6 +46,9 @@ def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
                              "--no-batch: one at a time, each as mlx_lm generate answers it")
     parser.add_argument("--trust-remote-code", action="store_true")
     parser.add_argument("--tag", help="Names this server's processes (the controller stops them by it)")
+    parser.add_argument("--await-reason", type=float, default=0.0, metavar="SECONDS",
+                        help="How long the front holds a broken-off answer for the controller's word on "
+                             "which node went away (invoke serve says it; 0 by hand)")
     parser.add_argument("--log-level", default="WARNING")
     return parser.parse_args(argv)
 
@@ -82,6 +85,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
 
     from training.distributed import DistributedError, init_distributed
     from training.serve import front, server
+    from training.serve.mixed import PromptCaches
     from training.serve.model import load
     from training.sharding.tensor_parallel import check_collectives
 
@@ -99,9 +103,14 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
         server.cli_args(args.model, max_tokens=args.max_tokens, trust_remote_code=args.trust_remote_code),
         served, base_name, BASE if default == base_name else default, server.context_length(config),
         batch=args.batch)
-    # mlx_lm.server's prompt cache when batching (a request's cached prefix is not computed again);
-    # none one at a time, where each request is computed whole as mlx_lm generate computes it.
-    generator = server.Generator(provider, LRUPromptCache(server.STOCK_PROMPT_CACHE if args.batch else 0))
+    # mlx_lm.server's prompt cache when batching (a request's cached prefix is not computed again),
+    # one per adapter when a batch mixes them; none one at a time, where each request is computed
+    # whole as mlx_lm generate computes it.
+    if provider.mixing is not None:
+        prompt_cache = PromptCaches(provider.picks, server.STOCK_PROMPT_CACHE)
+    else:
+        prompt_cache = LRUPromptCache(server.STOCK_PROMPT_CACHE if args.batch else 0)
+    generator = server.Generator(provider, prompt_cache)
     if group.rank() != 0:
         generator.join()  # returns only when generation stopped: a rank went away
         return 1
@@ -110,7 +119,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
     # address and tells a client whose answer breaks off why: under MPI a dead rank takes rank 0 with it.
     httpd = server.http_server(generator, api_key)
     try:
-        front.start(args.host, args.port, httpd.server_address[1], args.tag)
+        front.start(args.host, args.port, httpd.server_address[1], args.tag, args.await_reason)
     except front.FrontError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         return 2

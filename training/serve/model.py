@@ -61,9 +61,13 @@ class Served:
         """Answer with adapter `name` (BASE: none) from now on."""
         if name not in (BASE, *self.sets):
             raise KeyError(name)
-        if name != self.current:
-            self.model.update_modules(tree_unflatten(list({**self.bare, **self.sets.get(name, {})}.items())))
-            self.current = name
+        self.use_layers(name, {**self.bare, **self.sets.get(name, {})})
+
+    def use_layers(self, label: str, layers: Mapping[str, nn.Module]) -> None:
+        """Put `layers` (path -> layer, every adapted path) in the model, unless `label` is in it."""
+        if label != self.current:
+            self.model.update_modules(tree_unflatten(list(layers.items())))
+            self.current = label
 
 
 def _adapter_layers(model: nn.Module, adapter: Adapter) -> dict[str, LoRALinear | DoRALinear]:

@@ -13,9 +13,10 @@ What is ours:
 - /v1/models lists the base and each adapter;
 - a prompt that with its max_tokens would not fit the model's context is a 400;
 - an API key, when one is set: every request without `Authorization: Bearer <key>` is a 401;
-- requests for one model are batched as mlx-lm batches them (its continuous batching and prompt
-  cache, per adapter: a request for another adapter waits for the batch to drain, then the adapter
-  is swapped), or with `batch=False` answered one at a time, each as `mlx_lm generate` answers it;
+- requests are batched as mlx-lm batches them (its continuous batching and prompt cache), requests
+  for different adapters in one batch, each row answered with its own adapter
+  (training/serve/mixed.py), the prompt cache kept apart per adapter; or with `batch=False` answered
+  one at a time, each as `mlx_lm generate` answers it;
 - in distributed mode a client that goes away does not stop a lone request's generation midway
   (mlx-lm's single-request path would stop rank 0 alone and leave the ranks out of step): the
   request runs to its end, its tokens unsent. A batched request stops on every rank, as mlx-lm
@@ -25,15 +26,25 @@ What is ours:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hmac
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
 from typing import Any
 
 from mlx_lm.models.cache import make_prompt_cache
-from mlx_lm.server import APIHandler, ModelProvider, ResponseGenerator, get_system_fingerprint
+from mlx_lm.server import (
+    APIHandler,
+    GenerationArguments,
+    ModelDescription,
+    ModelProvider,
+    ResponseGenerator,
+    get_system_fingerprint,
+)
 
+from training.serve.mixed import MIXED, Mixing, Picks
 from training.serve.model import BASE, Served
 
 DEFAULT_MODEL = "default_model"  # mlx-lm's name for a request without a model field
@@ -60,9 +71,23 @@ class UnknownModel(ValueError):
     pass
 
 
+@dataclass
+class Picked(GenerationArguments):
+    """A request's arguments where one batch mixes adapters: mlx-lm sees one model (MIXED), so that
+    it batches every request together, and `pick` names the served model that answers this one."""
+
+    pick: str = BASE
+
+    @classmethod
+    def of(cls, args: GenerationArguments, pick: str) -> Picked:
+        fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
+        return cls(**{**fields, "model": ModelDescription(MIXED, args.model.draft, None)}, pick=pick)
+
+
 class Provider(ModelProvider):
     """mlx-lm's model provider over one loaded model: a request's `model` names the base or an
-    adapter, and switching is a module swap, not a reload."""
+    adapter, and switching is a module swap, not a reload; when batching with adapters, the model
+    mlx-lm batches with is `mixing`, which answers each row with its request's pick."""
 
     def __init__(self, args: argparse.Namespace, served: Served, base_name: str, default: str,
                  context_length: int | None, batch: bool = True):
@@ -72,6 +97,8 @@ class Provider(ModelProvider):
         self.base_name = base_name
         self.default = default
         self.context_length = context_length
+        self.picks = Picks()
+        self.mixing = Mixing(served, self.picks) if batch and served.sets else None
 
     @property
     def default_name(self) -> str:
@@ -99,12 +126,16 @@ class Provider(ModelProvider):
                              f"one of: {', '.join(self.names)}")
         if draft_model_path not in (None, DEFAULT_MODEL):
             raise ValueError("draft models are not served here")
-        name = self.resolve(model_path)
-        if self.model_key != ("served", name):
+        if model_path == MIXED and self.mixing is not None:
+            name, model = MIXED, self.mixing
+        else:
+            name, model = self.resolve(model_path), self.served.model
             self.served.use(name)
-            # The key of mlx-lm's prompt and state-machine caches: one per adapter, never mixed.
+        if self.model_key != ("served", name):
+            # The key of mlx-lm's prompt and state-machine caches: one per adapter, never mixed
+            # (when mixing, mixed.PromptCaches keys each cached prompt by its pick).
             self.model_key = ("served", name)
-            self.model, self.tokenizer = self.served.model, self.served.tokenizer
+            self.model, self.tokenizer = model, self.served.tokenizer
             self.processor, self.draft_model = None, None
             # As mlx-lm decides it: every cache of the model can be merged into a batch.
             self.is_batchable = self.batch and all(hasattr(c, "merge") for c in make_prompt_cache(self.model))
@@ -115,14 +146,24 @@ class Provider(ModelProvider):
 
 
 class Generator(ResponseGenerator):
-    """mlx-lm's generation thread; in distributed mode a request whose client went away runs on to
-    its end, so that every rank takes the same steps."""
+    """mlx-lm's generation thread; when mixing adapters every request is one model's to mlx-lm,
+    picking its adapter; in distributed mode a request whose client went away runs on to its end,
+    so that every rank takes the same steps."""
 
     def generate(self, request, generation_args, progress_callback=None):
+        provider = self.model_provider
+        if provider.mixing is not None:
+            generation_args = Picked.of(generation_args, provider.resolve(generation_args.model.model))
         ctx, responses = super().generate(request, generation_args, progress_callback)
         if self._is_distributed and not self._is_batchable(generation_args):
             ctx.stop = lambda: None
         return ctx, responses
+
+    def _tokenize(self, tokenizer, request, args):
+        # The request is being admitted (on every rank): its cache is fetched or made next.
+        if isinstance(args, Picked):
+            self.model_provider.picks.admitting = self.model_provider.served.names.index(args.pick)
+        return super()._tokenize(tokenizer, request, args)
 
 
 class OpenAIErrors:

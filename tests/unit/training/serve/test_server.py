@@ -28,7 +28,7 @@ openai = pytest.importorskip("openai")
 
 # 6 query heads in 3 key-value groups: 2 ranks take 2 groups and 1 (training/sharding/head_groups.py).
 SHAPE = {"hidden_size": 96, "num_attention_heads": 6, "num_key_value_heads": 3, "intermediate_size": 128,
-         "max_position_embeddings": 96}
+         "max_position_embeddings": 512}
 PROMPT = "Who are you?"
 TOKENS = 12
 ADAPTERS = {"pirate": ("lora", 4, None), "dory": ("dora", 2, ["self_attn.q_proj", "self_attn.v_proj",
@@ -205,11 +205,29 @@ def test_curl_streams_server_sent_events_and_completes_text(server: Server, stoc
     assert json.loads(text)["choices"][0]["message"]["content"] == stock["pirate"].text
 
 
-def test_requests_at_once_are_queued_and_each_gets_its_own_answer(server: Server, stock: dict):
+def test_requests_for_different_adapters_at_once_each_get_their_own_answer(server: Server, stock: dict):
     asked = ["pirate", "dory", "model", "pirate", "dory"]
     with ThreadPoolExecutor(len(asked)) as pool:
         answers = list(pool.map(lambda name: chat(server, name), asked))
     assert answers == [said(stock, name).text for name in asked]
+
+
+def test_a_request_for_another_adapter_is_answered_while_a_long_one_streams(server: Server, stock: dict):
+    """Batched together, not queued: the short request does not wait for the long one to end."""
+    messages = [{"role": "user", "content": PROMPT}]
+    _, text = curl(server, "/chat/completions", {"model": "pirate", "messages": messages, "max_tokens": 1})
+    prompt = json.loads(text)["usage"]["prompt_tokens"]
+    no_end = {str(token): -100 for token in served_eos(server)}  # the long answer runs to max_tokens
+    long = client(server).chat.completions.create(model="pirate", messages=messages, temperature=0,
+                                                  max_tokens=512 - prompt, stream=True, logit_bias=no_end)
+    chunks = iter(long)
+    next(chunk for chunk in chunks if chunk.choices and chunk.choices[0].delta.content)
+    with ThreadPoolExecutor(1) as pool:
+        streamed = pool.submit(lambda: [time.monotonic() for _ in chunks])
+        assert chat(server, "dory") == stock["dory"].text
+        answered = time.monotonic()
+        ends = streamed.result()
+    assert answered < ends[-1], "the dory request waited for the long pirate one to end"
 
 
 def test_requests_for_one_adapter_at_once_are_batched_and_each_is_mlx_lm_generate_s(server: Server):
@@ -232,9 +250,9 @@ def test_bad_requests_get_a_4xx_that_says_why_and_the_server_goes_on(server: Ser
     code, text = curl(server, "/chat/completions", {"model": "pirate", "max_tokens": "many",
                                                     "messages": [{"role": "user", "content": "hi"}]})
     assert code == 400 and "max_tokens" in error_of(text)
-    code, text = curl(server, "/chat/completions", {"model": "pirate", "max_tokens": 50,
+    code, text = curl(server, "/chat/completions", {"model": "pirate", "max_tokens": 500,
                                                     "messages": [{"role": "user", "content": "x" * 80}]})
-    assert code == 400 and "over the model's context of 96 tokens" in error_of(text)
+    assert code == 400 and "over the model's context of 512 tokens" in error_of(text)
     code, text = curl(server, "/chat/completions", {"model": "pirate", "adapters": "/elsewhere",
                                                     "messages": [{"role": "user", "content": "hi"}]})
     assert code == 400 and "adapters field is not taken" in error_of(text)
