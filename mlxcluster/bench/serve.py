@@ -1,14 +1,19 @@
 """`invoke bench.serve`: our server against stock `mlx_lm.server`, on one process and sharded.
 
-Each configuration is a server started as `invoke serve` starts it (ours: the base with one LoRA
-adapter, which every request asks for), or stock `mlx_lm.server` launched on the same ranks by the
-same launcher (distributed, it shards the base itself and takes no adapter), on the same model:
-one process on the launcher, then tensor-parallel across the first 2, 3 ... nodes. Against each,
-the same chat requests from this machine, with distinct prompts: time to first token (the median
-of one-token requests, one at a time), output tokens per second of streamed requests, 1 and 4 at
-once (all tokens over the wall time, prompts included), and each rank's peak resident memory (its
-high-water mark on Linux, its resident size at the end on macOS), read on its node before the
-server stops. The JSON holds every figure and ours over stock's per layout.
+Each configuration is a server started as `invoke serve` starts it (ours: the base with two LoRA
+adapters; every request asks for the first, but those of one figure), or stock `mlx_lm.server`
+launched on the same ranks by the same launcher (distributed, it shards the base itself and takes
+no adapter), on the same model: one process on the launcher, then tensor-parallel across the first
+2, 3 ... nodes. Against each, the same chat requests from this machine, with distinct prompts: time
+to first token (the median of one-token requests, one at a time), output tokens per second of
+streamed requests, 1 and 4 at once (all tokens over the wall time, prompts included), and each
+rank's peak resident memory (its high-water mark on Linux, its resident size at the end on macOS),
+read on its node before the server stops. Ours also answers 4 at once that alternate between its
+two adapters (one batch mixing them: training/serve/mixed.py), beside 4 at once for one adapter.
+In one process stock can take an adapter (`--adapter-path`; distributed it refuses one), so there
+stock runs twice: without an adapter, as on the sharded layouts, and with ours's first adapter
+("stock+adapter"), which does the same work per token as ours. The JSON holds every figure and ours
+over stock's per layout (and over stock+adapter's in one process).
 """
 
 from __future__ import annotations
@@ -31,11 +36,12 @@ from mlxcluster.check import doctor, room
 from mlxcluster.describe.cluster import Cluster, Recorded
 from mlxcluster.errors import UserError
 from mlxcluster.jobs import serve as serving
-from mlxcluster.launch import builder, parallel, remote, sync
+from mlxcluster.launch import builder, parallel, remote, runs, shipment, sync
 from mlxcluster.paths import REPO
 from mlxcluster.provision import inputs
 
 CONCURRENCY = (1, 4)
+STOCK_ADAPTER = "stock+adapter"  # stock in one process with ours's adapter
 PROMPTS = (
     "Tell me a long story about a ship.", "Describe the sea at night in detail.",
     "Explain how sails catch the wind.", "Write a letter to a faraway friend.",
@@ -74,33 +80,47 @@ class Server:
     port: int
     marker: str
     model: str  # what requests ask for
+    others: tuple[str, ...] = ()  # other adapters it serves, for the requests that alternate
 
 
-def stock_program(placed_model: str, port: int, marker: str) -> list[str]:
+def stock_program(placed_model: str, port: int, marker: str, adapter: str | None = None) -> list[str]:
     """Stock `mlx_lm.server`'s own main(), its command line as given; the marker (in a comment of
     the code) names its processes for the stop and the memory reading."""
     return ["python", "-c", f"from mlx_lm.server import main; main()  # {marker}",
-            "--model", placed_model, "--host", "127.0.0.1", "--port", str(port)]
+            "--model", placed_model, "--host", "127.0.0.1", "--port", str(port),
+            *(["--adapter-path", adapter] if adapter else [])]
 
 
-def ours(rec: Recorded, layout: Cluster, adapter: Path, model: Path, port: int, tag: str,
+def ours(rec: Recorded, layout: Cluster, adapters: Sequence[Path], model: Path, port: int, tag: str,
          threads: int | None) -> Server:
     mode = "tensor" if layout.world_size > 1 else "single"
     sub = dataclasses.replace(rec, cluster=layout)
-    plan = serving.plan(sub, serving.Options(runs=(str(adapter),), model=str(model), parallel=mode,
+    plan = serving.plan(sub, serving.Options(runs=tuple(map(str, adapters)), model=str(model), parallel=mode,
                                             port=port, threads=threads), tag)
-    return Server("ours", plan.cluster, plan.steps, plan.launch, plan.tunnel, port, plan.marker, adapter.name)
+    return Server("ours", plan.cluster, plan.steps, plan.launch, plan.tunnel, port, plan.marker,
+                  adapters[0].name, tuple(a.name for a in adapters[1:]))
 
 
-def stock(rec: Recorded, layout: Cluster, model: Path, port: int, tag: str, threads: int | None) -> Server:
+def stock(rec: Recorded, layout: Cluster, model: Path, port: int, tag: str, threads: int | None,
+          adapter: Path | None = None) -> Server:
     """Stock mlx_lm.server on `layout`'s ranks, launched as ours is (the same backend and ranks'
-    environment), with the model sent as ours sends it."""
+    environment), with the model sent as ours sends it; with `adapter` (one process only), that
+    adapter's files sent where ours's go and loaded with --adapter-path."""
     placed, steps = serving.code_and_model(rec, layout, model)
     marker = f"stock-serve-{tag}"
-    job = builder.Job(stock_program(placed, port, marker), backend=builder.choice_for(layout, None).backend,
+    placed_adapter = None
+    if adapter is not None:
+        head = layout.head
+        placed_adapter = f"{head.work_dir}/adapters/{adapter.name}"
+        files = shipment.select(adapter, runs.ADAPTER_FILES, f"adapter {adapter.name}")
+        steps = [*steps, (f"send adapter {adapter.name} to {head.name}",
+                          sync.send(files, head, placed_adapter))]
+    job = builder.Job(stock_program(placed, port, marker, placed_adapter),
+                      backend=builder.choice_for(layout, None).backend,
                       threads=threads, interactive=False, mlx_envs=rec.mlx_envs)
     tunnel = serving.tunnel_command(layout.head, "127.0.0.1", port)
-    return Server("stock", layout, steps, builder.command(layout, job), tunnel, port, marker, "default_model")
+    return Server(STOCK_ADAPTER if adapter else "stock", layout, steps, builder.command(layout, job), tunnel,
+                  port, marker, "default_model")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,11 +166,14 @@ def first_token_seconds(port: int, model: str, prompt: str) -> float:
     return time.perf_counter() - started
 
 
-def load(port: int, model: str, concurrency: int, requests: int, max_tokens: int) -> dict[str, Any]:
-    """`requests` streamed requests, `concurrency` at a time: the output tokens per second."""
-    prompts = [PROMPTS[i % len(PROMPTS)] + f" ({i})" for i in range(requests)]
+def load(port: int, models: str | Sequence[str], concurrency: int, requests: int,
+         max_tokens: int) -> dict[str, Any]:
+    """`requests` streamed requests, `concurrency` at a time, asking for `models` in turn: the
+    output tokens per second."""
+    models = [models] if isinstance(models, str) else list(models)
+    asked = [(models[i % len(models)], PROMPTS[i % len(PROMPTS)] + f" ({i})") for i in range(requests)]
     with ThreadPoolExecutor(concurrency) as pool:
-        answers = list(pool.map(lambda p: ask(port, model, p, max_tokens), prompts))
+        answers = list(pool.map(lambda a: ask(port, a[0], a[1], max_tokens), asked))
     wall = max(a.ended for a in answers) - min(a.started for a in answers)
     tokens = sum(a.tokens for a in answers)
     return {"concurrency": concurrency, "requests": requests, "completion_tokens": tokens,
@@ -217,13 +240,18 @@ def measure(server: Server, log: Path, requests: int, max_tokens: int) -> dict[s
         first = ttft(server.port, server.model, requests)
         figures = {f"c{c}": load(server.port, server.model, c, max(requests, c), max_tokens)
                    for c in CONCURRENCY}
+        if server.others:  # the same 4 at once, alternating adapters: one batch that mixes them
+            both = (server.model, *server.others)
+            figures[MIXED] = load(server.port, both, 4, max(requests, 4), max_tokens)
         memory = peaks(server)
+    mixed = {f"tokens_per_second_{MIXED}": figures[MIXED]["tokens_per_second"]} if MIXED in figures else {}
     return {"program": server.program, "nodes": len(server.layout.training_nodes),
             "ranks": server.layout.world_size, "ttft_s": first,
             **{f"tokens_per_second_c{c}": figures[f"c{c}"]["tokens_per_second"] for c in CONCURRENCY},
-            "peak_memory_gb_per_rank": memory, "loads": figures}
+            **mixed, "peak_memory_gb_per_rank": memory, "loads": figures}
 
 
+MIXED = "c4_two_adapters"
 FIGURES = ("ttft_s", *(f"tokens_per_second_c{c}" for c in CONCURRENCY))
 
 
@@ -239,21 +267,25 @@ def medians(measured: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             continue
         row = {"program": key[0], "nodes": key[1], "ranks": good[0]["ranks"], "rounds": len(good)}
         row |= {f: round(statistics.median(m[f] for m in good), 4) for f in FIGURES}
+        if all(f"tokens_per_second_{MIXED}" in m for m in good):
+            mixed = statistics.median(m[f"tokens_per_second_{MIXED}"] for m in good)
+            row[f"tokens_per_second_{MIXED}"] = round(mixed, 4)
+            row[f"{MIXED}_over_one_adapter"] = _over(mixed, row["tokens_per_second_c4"])
         peaks_each = [m["peak_memory_gb_per_rank"] for m in good]
         row["peak_memory_gb_per_rank"] = [max(ranks) for ranks in zip(*peaks_each, strict=False)]
         rows.append(row)
     return rows
 
 
-def ratios(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Ours over stock's on each layout: time to first token (target at most 1.1) and tokens/s
-    (target at least 0.9), and each program's largest rank over its one process."""
+def ratios(rows: Sequence[Mapping[str, Any]], against: str = "stock") -> list[dict[str, Any]]:
+    """Ours over `against`'s on each layout that has both: time to first token (target at most 1.1)
+    and tokens/s (target at least 0.9)."""
     out = []
     for nodes in sorted({r["nodes"] for r in rows}):
         pair = {r["program"]: r for r in rows if r["nodes"] == nodes and "error" not in r}
-        if {"ours", "stock"} > pair.keys():
+        if not {"ours", against} <= pair.keys():
             continue
-        o, s = pair["ours"], pair["stock"]
+        o, s = pair["ours"], pair[against]
         entry: dict[str, Any] = {"nodes": nodes, "ttft_ratio": _over(o["ttft_s"], s["ttft_s"])}
         for c in CONCURRENCY:
             entry[f"tokens_per_second_ratio_c{c}"] = _over(o[f"tokens_per_second_c{c}"],
@@ -333,9 +365,10 @@ def run(rec: Recorded, *, nodes: str | None = None, model: str | None = None, re
                                                              else "data") for n, layout in layouts.items()]))
     when = results.stamp()
     work = REPO / "build" / "bench-serve" / when
-    adapter = work / "lora"
-    # A LoRA as `mlx_lm lora` writes it for this model (random, far from zero: it changes the answers).
-    stand_in.adapter(model_dir, adapter, "lora", rank=8, layers=16, seed=0)
+    adapters = [work / "lora", work / "lora-b"]
+    # LoRAs as `mlx_lm lora` writes them for this model (random, far from zero: they change the answers).
+    for seed, adapter in enumerate(adapters):
+        stand_in.adapter(model_dir, adapter, "lora", rank=8, layers=16, seed=seed)
     measured: list[dict[str, Any]] = []
     # Rounds alternate the programs, each server started afresh: on a busy or shared machine a
     # server's speed varies from one start to the next, more than between the programs.
@@ -343,12 +376,13 @@ def run(rec: Recorded, *, nodes: str | None = None, model: str | None = None, re
 
     def server_of(name: str, layout: Cluster, tag: str) -> Server:
         if name == "ours":
-            return ours(rec, layout, adapter, model_dir, port, tag, threads)
-        return stock(rec, layout, model_dir, port, tag, threads)
+            return ours(rec, layout, adapters, model_dir, port, tag, threads)
+        with_adapter = adapters[0] if name == STOCK_ADAPTER else None
+        return stock(rec, layout, model_dir, port, tag, threads, with_adapter)
 
     for round_ in range(1, rounds + 1):
         for n, layout in layouts.items():
-            for name in programs:
+            for name in (*programs, STOCK_ADAPTER) if stock_too and n == 1 else programs:
                 tag = f"{when}-{name}-{n}-{round_}"
                 print(f"==> bench.serve: {name} on {n} node{'s' if n > 1 else ''} ({layout.world_size} "
                       f"rank{'s' if layout.world_size > 1 else ''}), round {round_} of {rounds}", flush=True)
@@ -362,14 +396,21 @@ def run(rec: Recorded, *, nodes: str | None = None, model: str | None = None, re
     rows = medians(measured)
     rows = with_memory_ratio(rows)
     result = {"benchmark": "serve", "date": results.date(), "inventory": rec.inventory,
-              "model": str(model_dir), "adapter": "LoRA rank 8 on 16 layers", "requests": requests,
+              "model": str(model_dir), "adapter": "LoRA rank 8 on 16 layers (two)", "requests": requests,
               "max_tokens": max_tokens, "rounds": rounds, "rows": rows, "ours_over_stock": ratios(rows),
-              "each_round": measured}
+              "ours_over_stock_with_adapter": ratios(rows, STOCK_ADAPTER), "each_round": measured}
     out = results.write("serve", result, output, when)
     Console(width=max(Console().width, 110)).print(table(result))
-    for entry in result["ours_over_stock"]:
-        print(f"{entry['nodes']} node(s): ours/stock ttft {entry['ttft_ratio']}x, tokens/s "
-              + ", ".join(f"{entry[f'tokens_per_second_ratio_c{c}']}x at {c}" for c in CONCURRENCY)
-              + ("" if entry["meets_targets"] else "  (misses the targets: ttft <= 1.1x, tokens/s >= 0.9x)"))
+    for against, key in (("stock", "ours_over_stock"), (STOCK_ADAPTER, "ours_over_stock_with_adapter")):
+        for entry in result[key]:
+            print(f"{entry['nodes']} node(s): ours/{against} ttft {entry['ttft_ratio']}x, tokens/s "
+                  + ", ".join(f"{entry[f'tokens_per_second_ratio_c{c}']}x at {c}" for c in CONCURRENCY)
+                  + ("" if entry["meets_targets"] else
+                     "  (misses the targets: ttft <= 1.1x, tokens/s >= 0.9x)"))
+    for row in rows:
+        if row.get(f"{MIXED}_over_one_adapter") is not None:
+            print(f"ours on {row['nodes']} node(s), 4 at once alternating two adapters: "
+                  f"{row[f'tokens_per_second_{MIXED}']} tokens/s, {row[f'{MIXED}_over_one_adapter']}x "
+                  "4 at once for one adapter")
     print(f"wrote {out}")
     return out

@@ -29,11 +29,13 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("bench-serve")
     stand_in.make(root / "model", seed=4, max_position_embeddings=512)
     stand_in.adapter(root / "model", root / "lora", "lora", 4, seed=4)
+    stand_in.adapter(root / "model", root / "lora-b", "lora", 4, seed=5)
     port = free_port()
     log = root / "server.log"
     with log.open("w") as out:
         process = subprocess.Popen([sys.executable, "-m", "training.serve", "--model", str(root / "model"),
-                                    "--adapter", f"lora={root / 'lora'}", "--port", str(port),
+                                    "--adapter", f"lora={root / 'lora'}", "--adapter",
+                                    f"lora-b={root / 'lora-b'}", "--port", str(port),
                                     "--tag", "bench-serve-unit-test"],
                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                    start_new_session=True)
@@ -55,6 +57,8 @@ def test_a_load_times_the_first_token_and_counts_the_served_tokens(server):
     per_second = at_once["completion_tokens"] / at_once["wall_s"]
     assert at_once["tokens_per_second"] == pytest.approx(per_second, rel=0.02)  # wall_s is rounded
     assert 0 < serve.ttft(port, "lora", 3) < 30
+    both = serve.load(port, ("lora", "lora-b"), concurrency=4, requests=4, max_tokens=6)
+    assert 4 <= both["completion_tokens"] <= 24
     with pytest.raises(serve.ServeBenchError, match="answered 400"):
         serve.ask(port, "nobody", "Ahoy", max_tokens=2)
 
@@ -84,6 +88,12 @@ def test_ours_over_stock_per_layout_against_the_targets():
     assert one == {"nodes": 1, "ttft_ratio": 1.0, "tokens_per_second_ratio_c1": 0.962,
                    "tokens_per_second_ratio_c4": 0.938, "meets_targets": True}
     assert two["ttft_ratio"] == 1.2 and not two["meets_targets"]
+    # In one process stock takes the adapter too: ours beside it, doing the same work per token.
+    rows.append(row(serve.STOCK_ADAPTER, 1, 0.10, 48, 160, [1.0]))
+    assert serve.ratios(rows, serve.STOCK_ADAPTER) == [
+        {"nodes": 1, "ttft_ratio": 1.0, "tokens_per_second_ratio_c1": 1.042,
+         "tokens_per_second_ratio_c4": 0.938, "meets_targets": True}]
+    assert serve.stock_program("m", 80, "x", "/w/lora")[-2:] == ["--adapter-path", "/w/lora"]
 
 
 def test_node_counts_are_checked_against_the_cluster():
@@ -99,8 +109,11 @@ def test_rounds_are_reduced_to_medians_and_each_rank_s_largest_peak():
                 row("ours", 2, 0.1, 30, 10, [0.5, 0.7]) | {"round": 2},
                 row("ours", 2, 0.2, 20, 20, [0.5, 0.5]) | {"round": 3},
                 {"program": "stock", "nodes": 2, "ranks": 2, "round": 1, "error": "cannot shard"}]
+    for mixed, m in zip((16, 22, 18), measured, strict=False):
+        m["tokens_per_second_c4_two_adapters"] = mixed
     ours, stock = serve.medians(measured)
     assert ours == {"program": "ours", "nodes": 2, "ranks": 2, "rounds": 3, "ttft_s": 0.2,
                     "tokens_per_second_c1": 20, "tokens_per_second_c4": 20,
+                    "tokens_per_second_c4_two_adapters": 18, "c4_two_adapters_over_one_adapter": 0.9,
                     "peak_memory_gb_per_rank": [0.6, 0.7]}
     assert stock == {"program": "stock", "nodes": 2, "ranks": 2, "error": "cannot shard"}
