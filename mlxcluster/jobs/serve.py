@@ -15,11 +15,13 @@ the node named and a non-zero exit.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import shlex
 import signal
 import subprocess
 import time
+import urllib.parse
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,10 +31,13 @@ from mlxcluster.describe.cluster import Cluster, Node, Recorded
 from mlxcluster.errors import Interrupted, UserError
 from mlxcluster.launch import builder, parallel, relay, remote, runs, shipment, sync
 from mlxcluster.provision import inputs
-from training.serve import READY
+from training.serve import READY, front
 
 MODES = ("tensor", "single")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# How long the server's front holds an answer that broke off for this controller's word on which node
+# went away (the launcher's output says it; mpirun's exit comes within a second of the rank's death).
+AWAIT_REASON_SECONDS = 5
 
 
 class ServeFailed(UserError):
@@ -154,7 +159,8 @@ def plan(rec: Recorded, options: Options, serve_id: str) -> Plan:
     program = ["python", "-m", "training.serve", "--model", placed_model, "--base-name", what.model.name,
                *flags, "--host", options.host, "--port", str(options.port),
                "--max-tokens", str(options.max_tokens), "--expected-world-size", str(cluster.world_size),
-               "--tag", marker, *key_flags, *([] if options.batch else ["--no-batch"])]
+               "--tag", marker, "--await-reason", str(AWAIT_REASON_SECONDS), *key_flags,
+               *([] if options.batch else ["--no-batch"])]
     choice = builder.choice_for(cluster, options.backend)
     job = builder.Job(program, backend=choice.backend, threads=options.threads, interactive=False,
                       mlx_envs=rec.mlx_envs)
@@ -244,12 +250,31 @@ def execute(plan: Plan) -> None:
             relayed = relay.supervise(plan.cluster, plan.launch, plan.marker, on_line=on_line,
                                       stdin=subprocess.DEVNULL)
         except KeyboardInterrupt:
+            tell_front(plan.url, "invoke serve was stopped on the controller (Ctrl-C or SIGTERM)")
             raise Interrupted(f"stopped: every rank of the server on {plan.cluster.head.name} was "
                               "stopped") from None
         finally:
             signal.signal(signal.SIGTERM, previous)
+        # The clients still waiting learn which rank and node, while the tunnel still reaches the front.
+        if which := builder.which_rank(plan.cluster, relayed.output):
+            tell_front(plan.url, which)
     why = builder.describe_failure(plan.cluster, relayed.output, relayed.code, "tensor")
     raise ServeFailed(f"the server stopped (exit {relayed.code}): {why}", code=relayed.code or 1)
+
+
+def tell_front(url: str, reason: str) -> bool:
+    """Post why the server stopped to its front (training/serve/front.py), which tells the clients
+    whose answers broke off; False when the front is gone already (nobody was waiting)."""
+    parts = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=5)
+    try:
+        connection.request("POST", front.REASON_PATH, json.dumps({"reason": reason}),
+                           {"Content-Type": "application/json"})
+        return connection.getresponse().status == 204
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        connection.close()
 
 
 def serve(rec: Recorded, options: Options) -> None:

@@ -262,7 +262,8 @@ _RANK_ERROR = re.compile(r"^rank (\d+): (?:error: )?(.+)$", re.MULTILINE)
 _LAST_STEP = re.compile(r"iter\s+(\d+)/(\d+)\s+loss")
 
 
-def _which_rank(cluster: Cluster, output: str) -> str | None:
+def which_rank(cluster: Cluster, output: str) -> str | None:
+    """Which rank on which node failed, and how, as a launch's output says it (None: it does not)."""
     if match := _SIGNALLED.search(output):
         by_ip = {n.thunderbolt_ip: n.name for n in cluster.nodes}
         return (f"rank {match[1]} on {by_ip.get(match[2], match[2])} was killed by signal "
@@ -296,7 +297,7 @@ def describe_failure(cluster: Cluster, output: str, code: int | None = None, par
     """What a failed training launch's output says: which rank on which node, the last step, and
     what to do when the nodes `out_of_memory` ran out of it (their kernel's count of out-of-memory
     kills rose), or a rank was killed as the out-of-memory killer kills."""
-    parts = [part] if (part := _which_rank(cluster, output)) else []
+    parts = [part] if (part := which_rank(cluster, output)) else []
     steps = _LAST_STEP.findall(output)
     parts.append(f"last step reported: {steps[-1][0]} of {steps[-1][1]}" if steps
                  else "no step was reported")

@@ -9,6 +9,11 @@ the front in a session of its own, out of the launcher's reach. A request that g
 under way, an error event as OpenAI's streams send one (its Python client raises it as an APIError);
 the front then exits as soon as rank 0 is gone and every waiting client has been told. Everything
 else (the endpoints, the API key, errors of rank 0's own) passes through unchanged.
+
+Which rank went away, and on which node, only the launcher's output says, and the controller reads
+it (`invoke serve`): it posts what it read to the front (`REASON_PATH`, from loopback only, which its
+ssh tunnel is), and a front started with `--await-reason` holds a broken-off answer that long for it,
+so that the client's error names the node as the console does.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ STOPPED = ("the server stopped before answering: one of its ranks went away (a n
            "link or was stopped) or the server was shut down; invoke serve's console names the node. "
            "Send the request again once it is served again")
 STREAM_END = b"data: [DONE]"  # how mlx-lm ends every whole stream
+REASON_PATH = "/_front/stopped"  # the controller posts {"reason": ...} here once it knows why
 # Headers that belong to one connection, not to the request or the answer (RFC 9110, 7.6.1).
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", "te",
               "trailer", "proxy-authenticate", "proxy-authorization"}
@@ -48,14 +54,25 @@ def error_body(message: str = STOPPED, status: int = 503) -> bytes:
 class Front(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], upstream: int):
+    def __init__(self, address: tuple[str, int], upstream: int, await_reason: float = 0.0):
         family = socket.getaddrinfo(*address, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
         self.address_family = family
         super().__init__(address, Relay)
         self.upstream = upstream
+        self.await_reason = await_reason
         self.gone = threading.Event()  # rank 0 is gone: no request reaches it any more
+        self.told = threading.Event()  # the controller said why
+        self.reason = ""
         self._lock = threading.Lock()
         self.in_flight = 0
+
+    def stopped_message(self) -> str:
+        """What a client whose answer broke off is told: why, once the controller has said it
+        (waited for up to `await_reason` seconds), else that the console names the node."""
+        if self.told.wait(self.await_reason) and self.reason:
+            return (f"the server stopped before answering: {self.reason}. Send the request again once it "
+                    "is served again")
+        return STOPPED
 
     @contextlib.contextmanager
     def counted(self) -> Iterator[None]:
@@ -86,7 +103,7 @@ class Relay(BaseHTTPRequestHandler):
     do_POST = do_OPTIONS = do_DELETE = do_PUT = do_GET
 
     def _stopped(self) -> None:
-        body = error_body()
+        body = error_body(self.server.stopped_message())
         with contextlib.suppress(OSError):
             self.send_response(503)
             self.send_header("Content-Type", "application/json")
@@ -97,6 +114,8 @@ class Relay(BaseHTTPRequestHandler):
     def _relay(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length > 0 else None
+        if self.path == REASON_PATH and self.command == "POST":
+            return self._told(body)
         if self.server.gone.is_set():
             return self._stopped()
         headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
@@ -119,6 +138,21 @@ class Relay(BaseHTTPRequestHandler):
                 self.wfile.write(data)
         finally:
             upstream.close()
+
+    def _told(self, body: bytes | None) -> None:
+        """The controller's word on why the server stopped; taken from loopback only (the controller's
+        ssh tunnel, or the controller on this machine)."""
+        try:
+            reason = json.loads(body or b"{}").get("reason")
+        except (ValueError, AttributeError):
+            reason = None
+        if self.client_address[0] not in ("127.0.0.1", "::1") or not isinstance(reason, str):
+            self.send_error(403 if isinstance(reason, str) else 400)
+            return
+        self.server.reason = reason[:500]
+        self.server.told.set()
+        self.send_response(204)
+        self.end_headers()
 
     def _head(self, answer: http.client.HTTPResponse) -> None:
         self.send_response_only(answer.status, answer.reason)
@@ -147,7 +181,7 @@ class Relay(BaseHTTPRequestHandler):
                 return  # the client went away: closing the upstream tells rank 0
         if STREAM_END not in tail:
             with contextlib.suppress(OSError):
-                self.wfile.write(b"data: " + error_body() + b"\n\n")
+                self.wfile.write(b"data: " + error_body(self.server.stopped_message()) + b"\n\n")
                 self.wfile.flush()
 
 
@@ -155,12 +189,14 @@ class FrontError(RuntimeError):
     pass
 
 
-def start(host: str, port: int, upstream: int, tag: str | None) -> subprocess.Popen:
+def start(host: str, port: int, upstream: int, tag: str | None,
+          await_reason: float = 0.0) -> subprocess.Popen:
     """This process's front, listening on `host`:`port` and relaying to its loopback `upstream`, in a
     session of its own; FrontError with the reason when it cannot listen."""
     process = subprocess.Popen(
         [sys.executable, "-m", "training.serve.front", "--host", host, "--port", str(port),
-         "--upstream", str(upstream), "--rank0", str(os.getpid()), *(["--tag", tag] if tag else [])],
+         "--upstream", str(upstream), "--rank0", str(os.getpid()), "--await-reason", str(await_reason),
+         *(["--tag", tag] if tag else [])],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, start_new_session=True)
     assert process.stdout is not None
     said = process.stdout.readline().strip()
@@ -179,6 +215,9 @@ def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--upstream", type=int, required=True, help="Rank 0's loopback port")
     parser.add_argument("--rank0", type=int, required=True, help="Rank 0's process id (this one's parent)")
     parser.add_argument("--tag", help="Names the server's processes (the controller stops them by it)")
+    parser.add_argument("--await-reason", type=float, default=0.0, metavar="SECONDS",
+                        help="How long a broken-off answer waits for the controller to say why (0: it "
+                             "does not say: the server was started by hand)")
     return parser.parse_args(argv)
 
 
@@ -187,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     gone, then tell the waiting clients and exit."""
     args = arguments(argv)
     try:
-        front = Front((args.host, args.port), args.upstream)
+        front = Front((args.host, args.port), args.upstream, args.await_reason)
     except OSError as error:
         print(f"error: cannot listen on {args.host}:{args.port}: {error.strerror or error}", flush=True)
         return 2

@@ -101,3 +101,41 @@ def test_a_port_already_taken_is_refused_with_the_reason(long_context: Path):
 
         with pytest.raises(front.FrontError, match=f"cannot listen on 127.0.0.1:{port}"):
             front.start("127.0.0.1", port, free_port(), None)
+
+
+def test_a_broken_off_answer_waits_for_the_controller_to_name_the_node():
+    """In-process: rank 0's port answers nothing (it is gone), the controller posts which rank and
+    node (mlxcluster.jobs.serve.tell_front, as invoke serve does), and the waiting client hears it."""
+    from mlxcluster.jobs.serve import tell_front
+    from training.serve import front
+
+    server = front.Front(("127.0.0.1", 0), upstream=free_port(), await_reason=20)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    api = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=60)
+    try:
+        waiting: list[BaseException] = []
+
+        def ask() -> None:
+            try:
+                api.models.list()
+            except openai.APIError as error:
+                waiting.append(error)
+
+        asked = threading.Thread(target=ask)
+        started = time.monotonic()
+        asked.start()
+        time.sleep(0.5)
+        assert asked.is_alive(), "answered before the controller said why"
+        assert tell_front(url, "rank 1 on node2 was killed by signal 9")
+        asked.join(timeout=10)
+        assert time.monotonic() - started < 10
+        assert len(waiting) == 1 and isinstance(waiting[0], openai.InternalServerError), waiting
+        said = "the server stopped before answering: rank 1 on node2 was killed by signal 9"
+        assert waiting[0].status_code == 503 and said in str(waiting[0])
+        with pytest.raises(openai.InternalServerError, match="rank 1 on node2"):  # later ones too, at once
+            api.models.list()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not tell_front(url, "again"), "nobody is there to tell"
