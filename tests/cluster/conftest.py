@@ -198,8 +198,11 @@ def assert_tensor_qlora_is_one_process(cluster: LabCluster, model_dir: Path, dat
         assert summary["world_size"] == ranks and summary["parallel"] == "tensor"
         assert summary["base_weights_per_rank"] == ["4-bit affine, group 32"] * ranks
         reference = one_process_run(run_dir, model_dir, data_dir, out)
+        # Wider than float training's 1e-4: each rank dequantizes its packed shard and the partial
+        # products are summed in another order, and Adam scales a near-zero gradient's difference up
+        # towards the learning rate; 3 ranks once measured 1.05e-4, run alone.
         print(f"{ranks} tensor-parallel QLoRA ranks against 1 process: "
-              f"{assert_trains_as_one_process(run_dir, reference):.3g}")
+              f"{assert_trains_as_one_process(run_dir, reference, tolerance=2e-4):.3g}")
         if then is not None:
             then(run_dir)
     finally:
