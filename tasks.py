@@ -214,8 +214,8 @@ def run(c, inventory=None, interface=None, dry_run=False):
     port="Port of the API, on the launcher and here (default 8080)",
     api_key_file="A file holding the key every request must send (Authorization: Bearer <key>)",
     max_tokens="Default max_tokens of a request (default 512)",
-    batch="Batch the requests for one model as mlx_lm.server does (default); --no-batch: one at a "
-          "time, each as mlx_lm generate answers it",
+    batch="Batch the requests as mlx_lm.server does, adapters mixed in a batch (default); "
+          "--no-batch: one at a time, each as mlx_lm generate answers it",
     backend="auto (default), mpi, ring, jaccl or jaccl-ring"), iterable=["run"])
 def serve(c, inventory=None, run=None, model=None, parallel=None, host="127.0.0.1", port=None,
           api_key_file=None, max_tokens=None, batch=True, backend=None, threads=None, dry_run=False):

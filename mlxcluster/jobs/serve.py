@@ -55,7 +55,7 @@ class Options:
     port: int = 8080
     api_key_file: str | None = None
     max_tokens: int = 512
-    batch: bool = True  # mlx_lm.server's batching per model; False: one request at a time
+    batch: bool = True  # mlx_lm.server's batching, adapters mixed; False: one request at a time
     backend: str | None = None
     threads: int | None = None
     dry_run: bool = False

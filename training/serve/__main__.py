@@ -42,7 +42,8 @@ def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=512, help="Default max_tokens of a request")
     parser.add_argument("--expected-world-size", type=int, help="Ranks the launcher was asked for")
     parser.add_argument("--batch", action=argparse.BooleanOptionalAction, default=True,
-                        help="Batch the requests for one model as mlx_lm.server does (default), or "
+                        help="Batch the requests as mlx_lm.server does, adapters mixed in a batch "
+                             "(default), or "
                              "--no-batch: one at a time, each as mlx_lm generate answers it")
     parser.add_argument("--trust-remote-code", action="store_true")
     parser.add_argument("--tag", help="Names this server's processes (the controller stops them by it)")
