@@ -8,7 +8,9 @@ model mlx-lm is given (`Mixing`) reads it on every call and, when the rows all p
 answers with that adapter's own layers, exactly as a batch for that adapter alone is answered; when
 they differ, each adapted layer is a `ByRow`, which sends each group of rows through its adapter's
 layer (the base's for rows of the base or of an adapter that leaves the layer alone) and puts the
-rows back in order. Everything else (attention, the caches, sampling) is the one batch's.
+rows back in order. Everything else (attention, the caches, sampling) is the one batch's. Where every
+adapter of a layer is a plain LoRA over it (one process), the base runs once over every row and each
+LoRA's term is added where its rows are: per row, the same sum in the same order as LoRALinear's.
 
 A row is thus computed by the same layers, whole or sharded, LoRA or DoRA, float or quantized, as
 when its adapter is served alone; under tensor parallelism every rank holds the same rows in the same
@@ -25,6 +27,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import LRUPromptCache, make_prompt_cache
+from mlx_lm.tuner.lora import LoRALinear
 
 MIXED = "mixed"  # the served model's state while a batch mixes adapters
 
@@ -93,6 +96,7 @@ class Picks:
         self.admitting = 0
         self.rows: list[int] = []
         self._groupings: dict[tuple[int, ...], Grouping] = {}
+        self._masks: dict[tuple[int, ...], tuple[tuple[int, mx.array], ...]] = {}
 
     def grouping(self, owner: tuple[int, ...]) -> Grouping:
         """The current rows grouped by layer, for a layer whose `owner[pick]` says which of its
@@ -116,19 +120,43 @@ class Picks:
         return found
 
 
+    def masks(self, owner: tuple[int, ...]) -> tuple[tuple[int, mx.array], ...]:
+        """For each of a layer's choices but the base that some current row takes: which rows,
+        as a (rows, 1, 1) mask."""
+        key = tuple(owner[pick] for pick in self.rows)
+        found = self._masks.get(key)
+        if found is None:
+            found = tuple((choice, mx.array([k == choice for k in key])[:, None, None])
+                          for choice in sorted(set(key) - {0}))
+            if len(self._masks) > 4096:
+                self._masks.clear()
+            self._masks[key] = found
+        return found
+
+
 class ByRow(nn.Module):
     """One adapted layer of a batch that mixes adapters: each row through the layer of its pick."""
 
     def __init__(self, choices: Sequence[nn.Module], owner: Sequence[int], picks: Picks):
         super().__init__()
         self.choices = list(choices)  # the base layer first, then each adapter's layer here
-        # A callable, not a tuple: mlx's Module would keep a tuple among its parameters.
+        # Callables, not tuples: mlx's Module would keep a tuple among its parameters.
         self._grouping = partial(picks.grouping, tuple(owner))
+        self._masks = partial(picks.masks, tuple(owner))
+        self._loras_over_base = all(type(c) is LoRALinear and c.linear is choices[0] for c in choices[1:])
 
     def __call__(self, x: mx.array) -> mx.array:
         grouping = self._grouping()
         if grouping.inverse is None:
             return self.choices[grouping.parts[0][0]](x)
+        if self._loras_over_base:
+            # LoRALinear's own sum, y + (scale * z).astype(dtype), on its rows; 0 added on the others.
+            y = self.choices[0](x)
+            for choice, rows in self._masks():
+                lora = self.choices[choice]
+                z = (lora.dropout(x) @ lora.lora_a) @ lora.lora_b
+                y = y + mx.where(rows, (lora.scale * z).astype(x.dtype), 0)
+            return y
         joined = mx.concatenate([self.choices[choice](x[rows]) for choice, rows in grouping.parts], axis=0)
         return mx.take(joined, grouping.inverse, axis=0)
 

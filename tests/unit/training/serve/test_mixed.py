@@ -4,6 +4,7 @@ mlx-lm generates with that row's adapter alone, while rows join and leave the ba
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import mlx.core as mx
@@ -15,7 +16,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from training.model import stand_in
 from training.serve import adapters as served_adapters
 from training.serve import model as served_model
-from training.serve.mixed import MIXED, Mixing, Picks, PromptCaches, RowPicks
+from training.serve.mixed import MIXED, ByRow, Mixing, Picks, PromptCaches, RowPicks
 
 SHAPE = {"hidden_size": 96, "num_attention_heads": 6, "num_key_value_heads": 3, "intermediate_size": 128}
 ADAPTERS = {"pirate": ("lora", 4, None), "dory": ("dora", 2, ["self_attn.q_proj", "self_attn.v_proj",
@@ -39,7 +40,16 @@ def stock_tokens(root: Path, name: str, prompt: list[int], max_tokens: int) -> l
     return [t for t in tokens if t not in tokenizer.eos_token_ids]
 
 
-def test_each_row_of_a_mixed_batch_gets_its_own_adapter_s_answer(root: Path):
+def test_each_row_of_a_mixed_batch_gets_its_own_adapter_s_answer(root: Path, monkeypatch):
+    ways = Counter()  # how a mixed batch's layers ran: the base once with LoRA terms, or by row groups
+    by_row = ByRow.__call__
+
+    def counted(self: ByRow, x):
+        if self._grouping().inverse is not None:
+            ways["loras over the base" if self._loras_over_base else "row groups"] += 1
+        return by_row(self, x)
+
+    monkeypatch.setattr(ByRow, "__call__", counted)
     served = served_model.load(str(root / "model"), [served_adapters.read(n, root / n) for n in ADAPTERS],
                                mx.distributed.init())
     picks = Picks()
@@ -65,6 +75,7 @@ def test_each_row_of_a_mixed_batch_gets_its_own_adapter_s_answer(root: Path):
                 answers[response.uid].append(response.token)
             done += response.finish_reason is not None
     assert MIXED in states, "the batch never mixed adapters"
+    assert ways["loras over the base"] and ways["row groups"], ways  # the LoRA's own layers; the DoRA's
     assert states[-1] == "dory", "the last row alone is answered by its adapter's own layers"
     for uid, (name, prompt, max_tokens) in zip(uids, asked, strict=True):
         each = {pick: stock_tokens(root, pick, prompt, max_tokens) for pick in served.names}
