@@ -8,6 +8,7 @@ live, and are tested). What a user can fix arrives here as a `UserError` and lea
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -189,17 +190,19 @@ def train(c, inventory=None, config=None, data=None, model=None, iters=None, bat
         runs.print_summary(results, _inventory(c, inventory))
 
 
-@task(help=helps("inventory", "interface", "dry_run"))
-def run(c, inventory=None, interface=None, dry_run=False):
+@task(help=helps("inventory", "interface", "dry_run",
+                 ship="A folder of this machine to send to every node and run the command from"))
+def run(c, inventory=None, interface=None, ship=None, dry_run=False):
     """Run any command on every slot with mpirun: invoke run -- CMD ARGS...
 
     The cluster's hostfile, interface pinning, env.sh and the environment of training's ranks
     apply, and the training code is synced first, so `invoke run -- python -m
-    training.examples.logistic_regression` works on a freshly provisioned cluster. (invoke joins
-    the words after --: quote within them.)
+    training.examples.logistic_regression` works on a freshly provisioned cluster. A script the
+    command names (python ./job.py) is sent to every node, as is --ship DIR; the words after --
+    arrive as typed; every rank gets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and the like.
     """
-    program = everywhere.program_of(c.remainder)
-    everywhere.run(recorded(_inventory(c, inventory)).cluster, program,
+    program = everywhere.program_of(sys.argv, c.remainder)
+    everywhere.run(recorded(_inventory(c, inventory)).cluster, program, ship=Path(ship) if ship else None,
                    interface=flags.interface(interface), dry_run=dry_run)
 
 

@@ -3,46 +3,182 @@
 The same launch builder as invoke train (mlxcluster/launch/builder.py): the rendered hostfile, the
 cluster link pinned, env.sh and the environment training's ranks get; the training code is synced
 first, so `python -m training.examples.logistic_regression` works on a freshly provisioned cluster.
+
+What it adds for programs of one's own:
+- the words after `--` reach the program exactly as the shell gave them to invoke (`program_of`);
+- a script named in the command (`python ./job.py`, `bash /abs/path/job.sh`, `./job.sh`) is sent to
+  every node and the command runs it there (`shipped`); `--ship DIR` sends a whole folder, and the
+  program runs from it. Both by rsync, only what changed, never following a symlink out of the
+  folder, each into a place of its own under the work directory (`shipped/`), which the training
+  code's sync leaves alone;
+- every rank gets its rank and the rendezvous of frameworks that bring their own (PyTorch's
+  MASTER_ADDR/MASTER_PORT, XGBoost's tracker, Horovod's names): `RENDEZVOUS_NAMES`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 import subprocess
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
 
-from mlxcluster.describe.cluster import Cluster
+from mlxcluster.describe.cluster import Cluster, Node
 from mlxcluster.errors import UserError
-from mlxcluster.launch import builder, sync
+from mlxcluster.launch import builder, remote, sync
 from mlxcluster.paths import REPO
 
+# Interpreters whose first argument that is not an option is the script they run.
+INTERPRETERS = ("python", "python3", "bash", "sh", "zsh", "perl", "ruby", "node", "Rscript")
+# Python's options that take the next word as their value (python -W ignore job.py).
+PYTHON_VALUED_OPTIONS = ("-W", "-X", "--check-hash-based-pycs")
+SHIPPED = "shipped"  # under each node's work directory
+DRY_RUN_PORT = 29500  # what a dry run shows: the real launch asks the launcher for a free port
 
-def program_of(words: str) -> list[str]:
-    """The program from the words after `--` (invoke joins them: quote within them)."""
-    program = shlex.split(words)
+# Set on every rank from the launcher's own variables (Open MPI's; one rank alone: 0 of 1).
+RANK_SCRIPT = (
+    'export RANK="${OMPI_COMM_WORLD_RANK:-0}" LOCAL_RANK="${OMPI_COMM_WORLD_LOCAL_RANK:-0}" '
+    'LOCAL_WORLD_SIZE="${OMPI_COMM_WORLD_LOCAL_SIZE:-1}"; '
+    'export DMLC_TASK_ID="$RANK" HOROVOD_RANK="$RANK" HOROVOD_LOCAL_RANK="$LOCAL_RANK" '
+    'HOROVOD_LOCAL_SIZE="$LOCAL_WORLD_SIZE"; exec "$@"')
+# Every name a rank gets, documented in the README: per rank (RANK_SCRIPT), then the same on all.
+RENDEZVOUS_NAMES = ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                    "DMLC_TASK_ID", "DMLC_NUM_WORKER", "DMLC_TRACKER_URI", "DMLC_TRACKER_PORT",
+                    "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE")
+FREE_PORT = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
+
+
+def program_of(argv: Sequence[str], remainder: str = "") -> list[str]:
+    """The program: the words after the first `--` of the command line, each as the shell gave it.
+    (invoke's own remainder is those words joined by spaces: split again, `python -c "import x;
+    ..."` would lose its quoting.) `remainder` is for a caller without a command line."""
+    program = list(argv[list(argv).index("--") + 1:]) if "--" in argv else shlex.split(remainder)
     if not program:
         raise UserError("nothing to run: invoke run -- CMD ARGS...  (e.g. invoke run -- hostname)")
     return program
 
 
-def command(cluster: Cluster, program: list[str], interface: str | None = None,
-            interactive: bool | None = None) -> list[str]:
-    """The controller's command that starts `program` on every slot, as training starts."""
-    if interactive is None:
-        interactive = sys.stdin.isatty() and sys.stdout.isatty()
+@dataclass(frozen=True)
+class Plan:
+    """What invoke run does: send, then launch."""
+
+    steps: list[sync.Step]
+    command: list[str]
+    program: list[str]  # as every rank runs it (shipped paths in place of the controller's)
+    workdir: str
+    said: list[str] = field(default_factory=list)
+
+
+def _place(node: Node, local: Path) -> str:
+    """A shipped file's or folder's place on the nodes: its name, and a digest of its path here
+    (two job.py of two folders do not meet)."""
+    digest = hashlib.sha256(str(local).encode()).hexdigest()[:10]
+    return f"{node.work_dir}/{SHIPPED}/{local.name}-{digest}"
+
+
+def script_index(program: Sequence[str]) -> int | None:
+    """Which word of the program names the script it runs: the program itself when it is a
+    relative path (./job.sh), or an interpreter's first word that is not an option (python -u
+    job.py); None for `python -m`, `-c` and programs installed on the nodes."""
+    first = PurePosixPath(program[0]).name
+    if "/" in program[0] and not program[0].startswith("/"):
+        return 0
+    if first not in INTERPRETERS and not first.startswith("python3."):
+        return None
+    i = 1
+    while i < len(program):
+        word = program[i]
+        if word in ("-m", "-c", "-e", "--eval", "-"):
+            return None
+        if not word.startswith("-"):
+            return i
+        i += 2 if word in PYTHON_VALUED_OPTIONS else 1
+    return None
+
+
+def shipped(cluster: Cluster, program: Sequence[str], ship: Path | None, cwd: Path,
+            ) -> tuple[list[sync.Step], list[str], str | None]:
+    """The steps that send the script the program names (a file here) and the folder `ship` to
+    every node, the program with the script's place on the nodes, and the folder to run from."""
+    steps: list[sync.Step] = []
+    program = list(program)
+    head = cluster.head
+    workdir = None
+    folder = None
+    if ship is not None:
+        folder = (cwd / ship).resolve()
+        if not folder.is_dir():
+            raise UserError(f"--ship {ship}: not a folder on this machine")
+        if folder == REPO or REPO.is_relative_to(folder):
+            raise UserError(f"--ship {ship}: holds this repository; ship the folder of your job only")
+        workdir = _place(head, folder)
+        steps += [(f"send {folder.name}/ to {node.name}",
+                   sync.push(folder, node, _place(node, folder), safe_links=True))
+                  for node in cluster.training_nodes]
+    index = script_index(program)
+    if index is not None:
+        script = (cwd / program[index]).absolute()
+        if script.is_file():
+            if folder is not None and script.resolve().is_relative_to(folder):
+                program[index] = str(script.resolve().relative_to(folder))  # run from the shipped folder
+            else:
+                steps += [(f"send {script.name} to {node.name}",
+                           sync.push(script, node, _place(node, script.parent), delete=False))
+                          for node in cluster.training_nodes]
+                program[index] = f"{_place(head, script.parent)}/{script.name}"
+        elif index == 0 or script.suffix in (".py", ".sh", ".pl", ".rb", ".js", ".R"):
+            raise UserError(f"{program[index]}: no such file here ({cwd}); name a script on this machine, "
+                            "or `python -m` a module of the training code")
+    return steps, program, workdir
+
+
+def rendezvous(cluster: Cluster, port: int) -> dict[str, str]:
+    """What every rank gets alike: the world's size and where rank 0's launcher meets the others
+    (its address on the cluster link; in links mode, where no one address reaches every node, its
+    management address)."""
+    head = cluster.head
+    address = (head.management_ip or str(head.connection.get("host") or head.name)) if cluster.cables \
+        else head.thunderbolt_ip
+    size = str(cluster.world_size)
+    return {"WORLD_SIZE": size, "MASTER_ADDR": address, "MASTER_PORT": str(port),
+            "DMLC_NUM_WORKER": size, "DMLC_TRACKER_URI": address, "DMLC_TRACKER_PORT": str(port),
+            "HOROVOD_SIZE": size}
+
+
+def free_port(head: Node) -> int:
+    """A port free on the launcher now, for the job's rendezvous."""
+    said = remote.output(head, remote.ssh_command(head, remote.shell_line(
+        head, ["python", "-c", FREE_PORT])), timeout=60)
+    return int(said.split()[-1])
+
+
+def plan(cluster: Cluster, program: Sequence[str], *, ship: Path | None = None, cwd: Path | None = None,
+         interface: str | None = None, interactive: bool = False, port: int = DRY_RUN_PORT) -> Plan:
+    """invoke run's steps and command; nothing is run."""
+    steps = sync.push_code(cluster)
+    sent, program, workdir = shipped(cluster, program, ship, cwd or Path.cwd())
+    steps += sent
+    ranked = ["sh", "-c", RANK_SCRIPT, "invoke-run", *builder.venv_program(cluster, program)]
     # Any program, not only Python: mpirun starts it (mlx.launch starts Python programs only).
-    return builder.command(cluster, builder.Job(program, backend=builder.backend_for(cluster, "mpi"),
-                                              interface=interface, interactive=interactive))
+    job = builder.Job(ranked, backend=builder.backend_for(cluster, "mpi"), interface=interface,
+                      interactive=interactive, workdir=workdir, env=tuple(rendezvous(cluster, port).items()))
+    return Plan(steps, builder.command(cluster, job), program, workdir or cluster.head.work_dir)
 
 
-def run(cluster: Cluster, program: list[str], *, interface: str | None = None,
+def run(cluster: Cluster, program: list[str], *, ship: Path | None = None, interface: str | None = None,
         dry_run: bool = False) -> None:
-    """Sync the code, then run `program` on every slot; a UserError with its exit status if it
-    fails."""
-    sync.run_steps(sync.push_code(cluster), dry_run=dry_run)
-    cmd = command(cluster, program, interface)
+    """Send the code (and the job's script or folder), then run `program` on every slot; a
+    UserError with its exit status if it fails."""
+    interactive = sys.stdin.isatty() and sys.stdout.isatty()
+    port = DRY_RUN_PORT if dry_run else free_port(cluster.head)
+    the_plan = plan(cluster, program, ship=ship, interface=interface, interactive=interactive, port=port)
+    sync.run_steps(the_plan.steps, dry_run=dry_run)
     if dry_run:
-        print(f"# run on {cluster.head.name}\n{shlex.join(cmd)}")
+        print(f"# run on {cluster.head.name} (in {the_plan.workdir}; MASTER_PORT: a free port of "
+              f"{cluster.head.name} at launch)\n{shlex.join(the_plan.command)}")
         return
-    if code := subprocess.run(cmd, cwd=REPO).returncode:
+    if code := subprocess.run(the_plan.command, cwd=REPO).returncode:
         raise UserError(code=code)
+

@@ -66,6 +66,7 @@ class Job:
     map_by_node: bool = False
     ring_hosts_file: str | None = None
     mlx_envs: Sequence[str] = ()
+    env: Sequence[tuple[str, str]] = ()  # more variables every rank gets (invoke run's rendezvous)
 
 
 def choice_for(cluster: Cluster, requested: str | None) -> Choice:
@@ -118,10 +119,11 @@ def rank_env(cluster: Cluster, job: Job) -> dict[str, str]:
         env["OPENBLAS_NUM_THREADS"] = str(job.threads)
     elif max((n.slots for n in cluster.training_nodes), default=1) > 1:
         env["OPENBLAS_NUM_THREADS"] = "1"  # several ranks share a machine's cores
-    return env
+    return env | dict(job.env)
 
 
-def _venv_python(cluster: Cluster, program: Sequence[str]) -> list[str]:
+def venv_program(cluster: Cluster, program: Sequence[str]) -> list[str]:
+    """The program with a leading "python" the launcher's venv's."""
     if program and program[0] == "python":
         return [f"{cluster.head.venv}/bin/python", *program[1:]]
     return list(program)
@@ -157,7 +159,7 @@ def mpirun_command(cluster: Cluster, job: Job, env: Mapping[str, str]) -> list[s
     if job.map_by_node:
         cmd += ["--map-by", "node"]
     cmd += ["--wdir", job.workdir or head.work_dir]
-    return [*cmd, *_venv_python(cluster, job.program)]
+    return [*cmd, *venv_program(cluster, job.program)]
 
 
 def _reach(cluster: Cluster, node: Node) -> str:
@@ -229,7 +231,7 @@ def command(cluster: Cluster, job: Job) -> list[str]:
             prefix = f"printf '%s\\n' {content} > {shlex.quote(f'{workdir}/{written[1]}')} && "
     elif job.backend == "direct":
         argv = ["env", *(f"{k}={v}" for k, v in sorted(env.items())),
-                *_venv_python(cluster, job.program)]
+                *venv_program(cluster, job.program)]
     else:
         raise UserError(f"unknown backend {job.backend!r}: choose from {', '.join(BACKENDS)}")
     line = remote.shell_line(head, argv, workdir=workdir)

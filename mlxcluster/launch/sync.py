@@ -40,19 +40,25 @@ def _rsync(dest: str) -> list[str]:
 
 
 def push(src: Path, node: Node, dest: str, *, delete: bool = True,
-         excludes: tuple[str, ...] = ()) -> list[str]:
+         excludes: tuple[str, ...] = (), safe_links: bool = False) -> list[str]:
     """rsync `src`'s contents to `dest` on `node` (only what changed is sent): the repository's
     own code, or one file. A file `src` is sent alone into the folder `dest`: never the folder it
-    sits in (a config kept in the home folder would take ~/.ssh with it). A user's folder goes by
-    `send`, never by this."""
+    sits in (a config kept in the home folder would take ~/.ssh with it). A user's data or model
+    folder goes by `send`, never by this; a job's own folder (invoke run --ship) with `safe_links`:
+    a symlink that leads out of it is left out."""
     cmd = _rsync(dest)
     if delete:
         cmd.append("--delete")
+    if safe_links:
+        cmd.append("--safe-links")
     for pattern in excludes:
         cmd += ["--exclude", pattern]
     if (ssh := remote.rsync_ssh(node)) is not None:
         cmd += ["-e", ssh]
-    return [*cmd, str(src) if src.is_file() else f"{src}/", remote.remote_path(node, f"{dest}/")]
+    cmd += [str(src) if src.is_file() else f"{src}/", remote.remote_path(node, f"{dest}/")]
+    if remote.is_local(node):  # no remote side to run --rsync-path's mkdir: make the folder first
+        return ["sh", "-c", 'mkdir -p "$1" && shift && exec "$@"', "push", dest, *cmd]
+    return cmd
 
 
 def send(shipment: Shipment, node: Node, dest: str, *, delete: bool = True) -> list[str]:

@@ -226,6 +226,42 @@ def test_invoke_run_starts_any_command_on_every_slot(provisioned):
     assert proc.returncode == 1
 
 
+RENDEZVOUS_JOB = """import json, os, socket, sys, time
+rank, address, port = int(os.environ["RANK"]), os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+heard = None
+if rank == 0:  # a tracker of its own, where the rendezvous says
+    with socket.create_server((address, port)) as server:
+        server.settimeout(60)
+        peer, _ = server.accept()
+        heard = peer.recv(64).decode()
+else:
+    for _ in range(300):
+        try:
+            peer = socket.create_connection((address, port), timeout=5)
+            break
+        except OSError:
+            time.sleep(0.1)
+    peer.sendall(f"rank {rank} of {os.environ['WORLD_SIZE']}".encode())
+print(json.dumps({"rank": rank, "argv": sys.argv[1:], "heard": heard, "here": os.path.abspath(__file__)}))
+"""
+
+
+def test_invoke_run_sends_a_script_of_one_s_own_with_its_words_as_typed_and_a_rendezvous(
+        provisioned, tmp_path):
+    (tmp_path / "job.py").write_text(RENDEZVOUS_JOB)
+    words = ["a b", "$HOME", "x; echo no", "'q'"]
+    script = str(tmp_path / "job.py")
+    command = [INVOKE, "run", "-i", str(provisioned.inventory), "--", "python", script, *words]
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    said = sorted((json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")),
+                  key=lambda r: r["rank"])
+    assert [r["rank"] for r in said] == [0, 1] and all(r["argv"] == words for r in said)
+    assert said[0]["heard"] == "rank 1 of 2"  # rank 1 reached rank 0 at MASTER_ADDR:MASTER_PORT
+    assert "/shipped/" in said[0]["here"] and said[0]["here"] == said[1]["here"]
+
+
 def finetune_pids(cluster, node: int) -> list[int]:
     """Training processes of one lab node."""
     return pids_running(cluster, node, b"training.finetune")
