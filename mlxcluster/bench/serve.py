@@ -333,6 +333,11 @@ def table(result: Mapping[str, Any]) -> Any:
     return t
 
 
+def tag_of(when: str, program: str, nodes: int, round_: int) -> str:
+    """What names one server's processes (and its log): a marker builder.stop takes (no `+`)."""
+    return f"{when}-{program.replace('+', '-')}-{nodes}-{round_}"
+
+
 def node_counts(text: str | None, available: int) -> list[int]:
     """--nodes: the layouts, one process (1) and tensor-parallel across that many nodes."""
     if not text:
@@ -383,7 +388,7 @@ def run(rec: Recorded, *, nodes: str | None = None, model: str | None = None, re
     for round_ in range(1, rounds + 1):
         for n, layout in layouts.items():
             for name in (*programs, STOCK_ADAPTER) if stock_too and n == 1 else programs:
-                tag = f"{when}-{name}-{n}-{round_}"
+                tag = tag_of(when, name, n, round_)
                 print(f"==> bench.serve: {name} on {n} node{'s' if n > 1 else ''} ({layout.world_size} "
                       f"rank{'s' if layout.world_size > 1 else ''}), round {round_} of {rounds}", flush=True)
                 try:

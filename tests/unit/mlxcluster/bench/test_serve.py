@@ -96,6 +96,14 @@ def test_ours_over_stock_per_layout_against_the_targets():
     assert serve.stock_program("m", 80, "x", "/w/lora")[-2:] == ["--adapter-path", "/w/lora"]
 
 
+def test_every_program_s_tag_is_a_marker_the_stop_takes():
+    from mlxcluster.launch import builder
+
+    cluster = Cluster("here", (Node(name="here", thunderbolt_ip="127.0.0.1", slots=1),), ())
+    for program in ("ours", "stock", serve.STOCK_ADAPTER):
+        builder.stop_command(cluster, f"stock-serve-{serve.tag_of('20261126-072438', program, 1, 1)}")
+
+
 def test_node_counts_are_checked_against_the_cluster():
     assert serve.node_counts(None, 3) == [1, 2, 3]
     assert serve.node_counts("3,1", 3) == [1, 3]
