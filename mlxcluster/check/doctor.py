@@ -149,6 +149,29 @@ def _agreement(name: str, values: Mapping[str, str | None], fix: str) -> list[Ch
     return checks
 
 
+def _packages(found: Mapping[str, Mapping[str, str] | None]) -> list[Check]:
+    """Every package of the venv (python_env_extra_packages too) at one version on every node: per
+    node, what differs from the version most nodes have (an older probe's nodes: not judged)."""
+    seen = {node: packages for node, packages in found.items() if packages}
+    if len(seen) < 2:
+        return []
+    named = {"mlx", "mlx-lm"}  # checked on their own
+    names = sorted({name for packages in seen.values() for name in packages} - named)
+    majority = {name: Counter(p.get(name) for p in seen.values()).most_common(1)[0][0] for name in names}
+    checks = []
+    for node, packages in seen.items():
+        odd = [f"{name} {packages.get(name) or 'missing'} (others: {majority[name] or 'none'})"
+               for name in names if packages.get(name) != majority[name]]
+        if odd:
+            detail = "; ".join(odd[:6]) + (" ..." if len(odd) > 6 else "")
+            checks.append(Check(node, "packages", False, detail,
+                                f"nodes must agree: {REPROVISION} (the python_env role installs mlx, mlx-lm "
+                                "and python_env_extra_packages, pinned, on every node)"))
+        else:
+            checks.append(Check(node, "packages", True, f"{len(names)} more in the venv, as on every node"))
+    return checks
+
+
 Facts = Mapping[str, Mapping[str, Any]]  # node name -> what its probe found
 
 
@@ -201,6 +224,7 @@ def _software(cluster: Cluster, nodes: Sequence[Node], facts: Facts) -> list[Che
     for key, label in (("python", "Python"), ("mlx", "mlx"), ("mlx_lm", "mlx-lm")):
         checks += _agreement(label, {n: v.get(key) for n, v in venvs.items()},
                              f"{REPROVISION} (the python_env role pins it)")
+    checks += _packages({n: v.get("packages") for n, v in venvs.items()})
     head_venv = cluster.head.venv
     for node in nodes:
         error = "none recorded: not provisioned yet" if not node.venv else venvs[node.name].get("error")

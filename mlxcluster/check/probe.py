@@ -44,10 +44,12 @@ def venv_versions(venv: str) -> dict[str, Any]:
         return {"error": f"{python} does not exist"}
     code, out = _run([python, "-c", (
         "import json, platform\n"
-        "from importlib.metadata import version\n"
+        "from importlib.metadata import distributions, version\n"
         "import mlx.core as mx\n"
+        "packages = {d.metadata['Name'].lower().replace('_', '-'): d.version for d in distributions()}\n"
         "print(json.dumps({'python': platform.python_version(), 'mlx': version('mlx'),"
-        " 'mlx_lm': version('mlx-lm'), 'distributed': mx.distributed.is_available()}))")],
+        " 'mlx_lm': version('mlx-lm'), 'distributed': mx.distributed.is_available(),"
+        " 'packages': packages}))")],
         timeout=60)
     if code != 0:
         return {"error": out.splitlines()[-1] if out else f"exit {code}"}

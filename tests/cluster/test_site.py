@@ -336,6 +336,23 @@ def test_doctor_names_a_broken_key_a_version_mismatch_and_a_down_interface(lab_c
     assert doctor(lab_cluster)[0] == 0  # repaired
 
 
+def test_an_extra_package_unpinned_or_not_to_be_had_is_refused_with_the_reason(lab_cluster):
+    """python_env_extra_packages (a cluster's own packages): each pinned, and a pin no index has
+    stops provisioning with pip's reason; the venv stays as it was (doctor green after)."""
+    def provision_with(packages: list[str]) -> str:
+        run = lab_cluster.playbook("--tags", "python", "--limit", "node1",
+                                   "-e", json.dumps({"python_env_extra_packages": packages}))
+        assert run.returncode != 0, run.stdout[-2000:]
+        return " ".join(m for messages in run.failures.values() for m in messages)
+
+    said = provision_with(["xgboost-cpu"])
+    assert "must pin each package to one version" in said and "xgboost-cpu" in said, said
+    said = provision_with(["no-such-package-here==1.0.0"])
+    assert "pip could not install the venv's pinned packages on node1" in said, said
+    assert "no-such-package-here==1.0.0" in said and "No matching distribution" in said, said
+    assert doctor(lab_cluster)[0] == 0
+
+
 def test_unreachable_node_is_named_and_the_others_finish(lab_cluster):
     hosts.stop_node(lab_cluster.lab, 3)
     run = lab_cluster.playbook()

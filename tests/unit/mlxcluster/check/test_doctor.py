@@ -86,6 +86,26 @@ def test_a_version_mismatch_is_red_on_the_odd_node_and_says_what_the_others_have
     assert bad["node2", "Open MPI"].detail == "missing"
 
 
+def test_a_package_of_the_venv_that_differs_or_is_missing_on_a_node_is_named():
+    gathered = healthy()
+    base = {"mlx": "0.32.4", "mlx-lm": "0.32.2", "numpy": "2.3.1", "xgboost-cpu": "3.1.2"}
+    for name in ("node1", "node2"):
+        gathered["nodes"][name]["venv"]["packages"] = dict(base)
+    odd = gathered["nodes"]["node2"]["venv"]
+    odd["mlx"] = odd["packages"]["mlx"] = "0.31.0"
+    assert [c.name for c in failures(gathered)] == ["mlx"]  # the mlx check's: not said twice
+    odd["mlx"] = odd["packages"]["mlx"] = "0.32.4"
+    del gathered["nodes"]["node2"]["venv"]["packages"]["xgboost-cpu"]
+    gathered["nodes"]["node2"]["venv"]["packages"]["numpy"] = "2.2.0"
+    gathered["nodes"]["node2"]["venv"]["packages"]["stray"] = "1.0"
+    [bad] = failures(gathered)
+    assert (bad.scope, bad.name) == ("node2", "packages")
+    # Two nodes: each is the other's majority; the first node's versions count as most nodes'.
+    assert bad.detail == ("numpy 2.2.0 (others: 2.3.1); stray 1.0 (others: none); "
+                          "xgboost-cpu missing (others: 3.1.2)")
+    assert "python_env_extra_packages" in bad.fix
+
+
 def test_a_down_interface_with_the_wrong_address_and_mtu():
     gathered = healthy()
     gathered["nodes"]["node2"]["interfaces"]["bridge0"] = {"up": False, "mtu": 1500, "addresses": []}
