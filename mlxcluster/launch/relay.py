@@ -87,20 +87,26 @@ def relay(cmd: Sequence[str], *, keep: int = 1 << 16, on_stall: Callable[[], Non
     with subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           stdin=stdin) as proc:
         assert proc.stdout is not None
-        while deadline is None or time.monotonic() < deadline:
-            if select.select([proc.stdout], [], [], 1.0)[0]:
-                if not (chunk := proc.stdout.read1(4096)):
-                    break
-                if stalled_at is None and STALL_MESSAGE in stream.tail[-len(STALL_MESSAGE):] + chunk:
-                    stalled_at = time.monotonic()
-                stream.take(chunk, out)
-                out.flush()
-            if stalled_at is not None and on_stall and time.monotonic() - stalled_at > STALL_GRACE:
-                on_stall()
-                on_stall = None
-        else:  # the deadline passed before the output ended
+        try:
+            while deadline is None or time.monotonic() < deadline:
+                if select.select([proc.stdout], [], [], 1.0)[0]:
+                    if not (chunk := proc.stdout.read1(4096)):
+                        break
+                    if stalled_at is None and STALL_MESSAGE in stream.tail[-len(STALL_MESSAGE):] + chunk:
+                        stalled_at = time.monotonic()
+                    stream.take(chunk, out)
+                    out.flush()
+                if stalled_at is not None and on_stall and time.monotonic() - stalled_at > STALL_GRACE:
+                    on_stall()
+                    on_stall = None
+            else:  # the deadline passed before the output ended
+                proc.kill()
+                timed_out = True
+        except Exception:
+            # An error of on_line's (or on_stall's): Popen's exit would wait for the launch for ever
+            # (it waits only on Ctrl-C); supervise stops the job on the launcher.
             proc.kill()
-            timed_out = True
+            raise
         code = proc.wait()
     stream.relayed.code = None if timed_out else code
     stream.relayed.output = stream.tail.decode(errors="replace")
@@ -118,7 +124,7 @@ def supervise(cluster: Cluster, cmd: Sequence[str], marker: str, **options: obje
 
     try:
         relayed = relay(cmd, on_stall=stop_stalled, **options)  # type: ignore[arg-type]
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Exception):
         builder.stop(cluster, marker)
         raise
     if relayed.code is None:

@@ -190,3 +190,20 @@ def test_a_finished_run_says_how_to_serve_and_fuse_it(tmp_path):
     assert "invoke serve --run 20261125-101010" in here
     (run / "adapter_config.json").write_text(json.dumps({"fine_tune_type": "full"}))
     assert "invoke serve" not in "\n".join(runs.next_steps(run))  # a whole model: fused, not an adapter
+
+
+def test_an_error_of_on_line_stops_the_relayed_command_instead_of_waiting_for_it():
+    """invoke serve opens its tunnel from on_line: a port taken here fails it, and the relay must
+    not then wait for a launch that runs for ever."""
+    import time
+
+    from mlxcluster.errors import UserError
+
+    def on_line(line: str) -> None:
+        if "ready" in line:
+            raise UserError("could not forward the port")
+
+    started = time.monotonic()
+    with pytest.raises(UserError, match="could not forward"):
+        relay.relay(["bash", "-c", "echo ready; sleep 60"], on_line=on_line, stdin=subprocess.DEVNULL)
+    assert time.monotonic() - started < 20
