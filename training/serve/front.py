@@ -151,6 +151,11 @@ class Relay(BaseHTTPRequestHandler):
             return
         self.server.reason = reason[:500]
         self.server.told.set()
+        # Answer once the waiting clients have been told: the controller closes its tunnel, through
+        # which they may be connected, as soon as it has this answer.
+        deadline = time.monotonic() + 3
+        while self.server.in_flight > 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
         self.send_response(204)
         self.end_headers()
 
