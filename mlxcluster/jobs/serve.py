@@ -250,7 +250,6 @@ def execute(plan: Plan) -> None:
             relayed = relay.supervise(plan.cluster, plan.launch, plan.marker, on_line=on_line,
                                       stdin=subprocess.DEVNULL)
         except KeyboardInterrupt:
-            tell_front(plan.url, "invoke serve was stopped on the controller (Ctrl-C or SIGTERM)")
             raise Interrupted(f"stopped: every rank of the server on {plan.cluster.head.name} was "
                               "stopped") from None
         finally:
