@@ -222,7 +222,11 @@ def tunnel(command: list[str] | None, port: int) -> Iterator[None]:
         yield
     finally:
         process.terminate()
-        process.wait(timeout=10)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # never left holding the port, nor failing the stop
+            process.kill()
+            process.wait()
 
 
 def _interrupt(signum: int, frame: object) -> None:
