@@ -169,8 +169,8 @@ def test_three_nodes_each_holding_packed_shards_of_a_4_bit_model_train_one_proce
             eos = {tiny_eos(tiny_quantized_model)}
             assert [t.id for t in asked.choices[0].logprobs.content if t.id not in eos] == expected.tokens
             server.send_signal(signal.SIGINT)
-            server.communicate(timeout=90)
-        assert server.returncode == 130
+            _, stderr = server.communicate(timeout=90)
+        assert server.returncode == 130, stderr[-3000:]
         wait_until_gone(serve_pids, cabled, (1, 2, 3))
 
     assert_tensor_qlora_is_one_process(cabled, tiny_quantized_model, tiny_inputs[1], tmp_path / "one", 3,
