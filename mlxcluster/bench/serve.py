@@ -356,8 +356,6 @@ def run(rec: Recorded, *, nodes: str | None = None, model: str | None = None, re
         max_tokens: int = 64, port: int = 18080, threads: int | None = None, stock_too: bool = True,
         rounds: int = 1, output: str | None = None) -> Path:
     """Every layout, ours then stock's; the JSON written."""
-    from rich.console import Console
-
     from training.model import stand_in
 
     counts = node_counts(nodes, len(rec.cluster.training_nodes))
@@ -405,6 +403,15 @@ def run(rec: Recorded, *, nodes: str | None = None, model: str | None = None, re
               "max_tokens": max_tokens, "rounds": rounds, "rows": rows, "ours_over_stock": ratios(rows),
               "ours_over_stock_with_adapter": ratios(rows, STOCK_ADAPTER), "each_round": measured}
     out = results.write("serve", result, output, when)
+    report(result)
+    print(f"wrote {out}")
+    return out
+
+
+def report(result: Mapping[str, Any]) -> None:
+    """The table, ours over stock's per layout against the targets, and the cost of mixing adapters."""
+    from rich.console import Console
+
     Console(width=max(Console().width, 110)).print(table(result))
     for against, key in (("stock", "ours_over_stock"), (STOCK_ADAPTER, "ours_over_stock_with_adapter")):
         for entry in result[key]:
@@ -412,10 +419,8 @@ def run(rec: Recorded, *, nodes: str | None = None, model: str | None = None, re
                   + ", ".join(f"{entry[f'tokens_per_second_ratio_c{c}']}x at {c}" for c in CONCURRENCY)
                   + ("" if entry["meets_targets"] else
                      "  (misses the targets: ttft <= 1.1x, tokens/s >= 0.9x)"))
-    for row in rows:
+    for row in result["rows"]:
         if row.get(f"{MIXED}_over_one_adapter") is not None:
             print(f"ours on {row['nodes']} node(s), 4 at once alternating two adapters: "
                   f"{row[f'tokens_per_second_{MIXED}']} tokens/s, {row[f'{MIXED}_over_one_adapter']}x "
                   "4 at once for one adapter")
-    print(f"wrote {out}")
-    return out

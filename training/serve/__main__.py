@@ -82,11 +82,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
         return 2
     api_key = args.api_key_file.read_text().strip() if args.api_key_file else None
 
-    from mlx_lm.models.cache import LRUPromptCache
-
     from training.distributed import DistributedError, init_distributed
     from training.serve import front, server
-    from training.serve.mixed import PromptCaches
     from training.serve.model import load
     from training.sharding.tensor_parallel import check_collectives
 
@@ -104,14 +101,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
         server.cli_args(args.model, max_tokens=args.max_tokens, trust_remote_code=args.trust_remote_code),
         served, base_name, BASE if default == base_name else default, server.context_length(config),
         batch=args.batch)
-    # mlx_lm.server's prompt cache when batching (a request's cached prefix is not computed again),
-    # one per adapter when a batch mixes them; none one at a time, where each request is computed
-    # whole as mlx_lm generate computes it.
-    if provider.mixing is not None:
-        prompt_cache = PromptCaches(provider.picks, server.STOCK_PROMPT_CACHE)
-    else:
-        prompt_cache = LRUPromptCache(server.STOCK_PROMPT_CACHE if args.batch else 0)
-    generator = server.Generator(provider, prompt_cache)
+    generator = server.Generator(provider, server.prompt_cache(provider))
     if group.rank() != 0:
         generator.join()  # returns only when generation stopped: a rank went away
         return 1

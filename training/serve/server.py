@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
 from typing import Any
 
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import LRUPromptCache, make_prompt_cache
 from mlx_lm.server import (
     APIHandler,
     GenerationArguments,
@@ -44,7 +44,7 @@ from mlx_lm.server import (
     get_system_fingerprint,
 )
 
-from training.serve.mixed import MIXED, Mixing, Picks
+from training.serve.mixed import MIXED, Mixing, Picks, PromptCaches
 from training.serve.model import BASE, Served
 
 DEFAULT_MODEL = "default_model"  # mlx-lm's name for a request without a model field
@@ -271,6 +271,15 @@ class Handler(APIHandler):
                   for name in self.provider.names]
         self.wfile.write(json.dumps({"object": "list", "data": models}).encode())
         self.wfile.flush()
+
+
+def prompt_cache(provider: Provider) -> LRUPromptCache:
+    """mlx_lm.server's prompt cache when batching (a request's cached prefix is not computed again),
+    kept apart per adapter when a batch mixes them; none one at a time, where each request is
+    computed whole as mlx_lm generate computes it."""
+    if provider.mixing is not None:
+        return PromptCaches(provider.picks, STOCK_PROMPT_CACHE)
+    return LRUPromptCache(STOCK_PROMPT_CACHE if provider.batch else 0)
 
 
 def handler_class(api_key: str | None) -> type[Handler]:
