@@ -191,8 +191,10 @@ def train(c, inventory=None, config=None, data=None, model=None, iters=None, bat
 
 
 @task(help=helps("inventory", "interface", "dry_run",
-                 ship="A folder of this machine to send to every node and run the command from"))
-def run(c, inventory=None, interface=None, ship=None, dry_run=False):
+                 ship="A folder of this machine to send to every node and run the command from",
+                 backend="mpi (default: mpirun starts any program), ring, jaccl or jaccl-ring "
+                         "(mlx.launch: Python programs only)"))
+def run(c, inventory=None, interface=None, ship=None, backend=None, dry_run=False):
     """Run any command on every slot with mpirun: invoke run -- CMD ARGS...
 
     The cluster's hostfile, interface pinning, env.sh and the environment of training's ranks
@@ -200,10 +202,11 @@ def run(c, inventory=None, interface=None, ship=None, dry_run=False):
     training.examples.logistic_regression` works on a freshly provisioned cluster. A script the
     command names (python ./job.py) is sent to every node, as is --ship DIR; the words after --
     arrive as typed; every rank gets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and the like.
+    --backend ring starts a Python program with mlx.launch instead, for MLX's own backends.
     """
     program = everywhere.program_of(sys.argv, c.remainder)
     everywhere.run(recorded(_inventory(c, inventory)).cluster, program, ship=Path(ship) if ship else None,
-                   interface=flags.interface(interface), dry_run=dry_run)
+                   interface=flags.interface(interface), backend=backend, dry_run=dry_run)
 
 
 @task(help=helps(

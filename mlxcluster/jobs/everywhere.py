@@ -32,18 +32,20 @@ from mlxcluster.paths import REPO
 
 # Interpreters whose first argument that is not an option is the script they run.
 INTERPRETERS = ("python", "python3", "bash", "sh", "zsh", "perl", "ruby", "node", "Rscript")
+PYTHONS = ("python", "python3")
 # Python's options that take the next word as their value (python -W ignore job.py).
 PYTHON_VALUED_OPTIONS = ("-W", "-X", "--check-hash-based-pycs")
 SHIPPED = "shipped"  # under each node's work directory
 DRY_RUN_PORT = 29500  # what a dry run shows: the real launch asks the launcher for a free port
 
-# Set on every rank from the launcher's own variables (Open MPI's; one rank alone: 0 of 1).
-RANK_SCRIPT = (
-    'export RANK="${OMPI_COMM_WORLD_RANK:-0}" LOCAL_RANK="${OMPI_COMM_WORLD_LOCAL_RANK:-0}" '
+# Set on every rank from the launcher's own variables: Open MPI's, or mlx.launch's MLX_RANK (which
+# starts one rank per host entry: local rank 0 of 1); one rank alone: 0 of 1.
+RANK_SETUP = (
+    'export RANK="${OMPI_COMM_WORLD_RANK:-${MLX_RANK:-0}}" LOCAL_RANK="${OMPI_COMM_WORLD_LOCAL_RANK:-0}" '
     'LOCAL_WORLD_SIZE="${OMPI_COMM_WORLD_LOCAL_SIZE:-1}"; '
     'export DMLC_TASK_ID="$RANK" HOROVOD_RANK="$RANK" HOROVOD_LOCAL_RANK="$LOCAL_RANK" '
-    'HOROVOD_LOCAL_SIZE="$LOCAL_WORLD_SIZE"; exec "$@"')
-# Every name a rank gets, documented in the README: per rank (RANK_SCRIPT), then the same on all.
+    'HOROVOD_LOCAL_SIZE="$LOCAL_WORLD_SIZE"')
+# Every name a rank gets, documented in docs/any-job.md: per rank (RANK_SETUP), then the same on all.
 RENDEZVOUS_NAMES = ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                     "DMLC_TASK_ID", "DMLC_NUM_WORKER", "DMLC_TRACKER_URI", "DMLC_TRACKER_PORT",
                     "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE")
@@ -154,26 +156,41 @@ def free_port(head: Node) -> int:
     return int(said.split()[-1])
 
 
+def launcher_for(cluster: Cluster, program: Sequence[str], backend: str | None) -> str:
+    """The backend that starts the program: mpirun by default, as it starts any program; MLX's own
+    (ring, jaccl, jaccl-ring: mlx.launch) when asked, for Python programs only."""
+    backend = builder.backend_for(cluster, backend or "mpi")
+    name = PurePosixPath(program[0]).name
+    if backend in builder.MLX_BACKENDS and name not in PYTHONS and not name.startswith("python3."):
+        raise UserError(f"--backend {backend}: mlx.launch starts Python programs only, not "
+                        f"{program[0]!r}: invoke run --backend {backend} -- python job.py ...; or leave "
+                        "out --backend (mpirun starts any program)")
+    return backend
+
+
 def plan(cluster: Cluster, program: Sequence[str], *, ship: Path | None = None, cwd: Path | None = None,
-         interface: str | None = None, interactive: bool = False, port: int = DRY_RUN_PORT) -> Plan:
+         interface: str | None = None, interactive: bool = False, port: int = DRY_RUN_PORT,
+         backend: str | None = None) -> Plan:
     """invoke run's steps and command; nothing is run."""
+    launcher = launcher_for(cluster, program, backend)
     steps = sync.push_code(cluster)
     sent, program, workdir = shipped(cluster, program, ship, cwd or Path.cwd())
     steps += sent
-    ranked = ["sh", "-c", RANK_SCRIPT, "invoke-run", *builder.venv_program(cluster, program)]
-    # Any program, not only Python: mpirun starts it (mlx.launch starts Python programs only).
-    job = builder.Job(ranked, backend=builder.backend_for(cluster, "mpi"), interface=interface,
-                      interactive=interactive, workdir=workdir, env=tuple(rendezvous(cluster, port).items()))
+    # mlx.launch runs the venv's python whatever the program calls it.
+    job = builder.Job(["python", *program[1:]] if launcher in builder.MLX_BACKENDS else program,
+                      backend=launcher, interface=interface, interactive=interactive, workdir=workdir,
+                      env=tuple(rendezvous(cluster, port).items()), rank_setup=RANK_SETUP)
     return Plan(steps, builder.command(cluster, job), program, workdir or cluster.head.work_dir)
 
 
 def run(cluster: Cluster, program: list[str], *, ship: Path | None = None, interface: str | None = None,
-        dry_run: bool = False) -> None:
+        backend: str | None = None, dry_run: bool = False) -> None:
     """Send the code (and the job's script or folder), then run `program` on every slot; a
     UserError with its exit status if it fails."""
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
     port = DRY_RUN_PORT if dry_run else free_port(cluster.head)
-    the_plan = plan(cluster, program, ship=ship, interface=interface, interactive=interactive, port=port)
+    the_plan = plan(cluster, program, ship=ship, interface=interface, interactive=interactive, port=port,
+                    backend=backend)
     sync.run_steps(the_plan.steps, dry_run=dry_run)
     if dry_run:
         print(f"# run on {cluster.head.name} (in {the_plan.workdir}; MASTER_PORT: a free port of "

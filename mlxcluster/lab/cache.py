@@ -19,13 +19,17 @@ WHEELHOUSE = Path("/var/cache/mlx-lab/wheels")
 # Debian packages the roles install on Linux nodes; the lab caches them.
 APT_PACKAGES = ("openmpi-bin", "libopenmpi-dev", "libopenblas0-pthread", "python3-venv", "g++",
                 "iputils-ping", "rsync")
+# The packages of invoke run's examples (training/examples/, docs/any-job.md), as pinned there: the
+# lab installs them with python_env_extra_packages, as a user would.
+EXAMPLE_PACKAGES = ("xgboost-cpu==3.2.0", "mpi4py==4.1.2")
 
 
 def node_requirements() -> list[str]:
-    """The pip requirements the python_env role installs on a Linux node, from its defaults."""
+    """The pip requirements the python_env role installs on a Linux node, from its defaults, and
+    those of the examples."""
     defaults = yaml.safe_load((REPO / "roles/python_env/defaults/main.yml").read_text())
     return [f"mlx[cpu]=={defaults['python_env_mlx_version']}",
-            f"mlx-lm=={defaults['python_env_mlx_lm_version']}"]
+            f"mlx-lm=={defaults['python_env_mlx_lm_version']}", *EXAMPLE_PACKAGES]
 
 
 def prepare_offline_cache(mlx_requirements: list[str] | None = None) -> None:

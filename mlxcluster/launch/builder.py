@@ -54,6 +54,8 @@ class Job:
     mlx_envs: what mlx.launch exports on every rank, in a hosts file written at launch (a
       ring_hosts_file, or JACCL's).
     map_by_node: mpi only: rank i on the i-th node, whatever the hostfile's slots.
+    rank_setup: shell commands each rank runs before the program, where the launcher's own
+      variables (its rank) are known: invoke run's RANK and the like.
     """
 
     program: Sequence[str]
@@ -67,6 +69,7 @@ class Job:
     ring_hosts_file: str | None = None
     mlx_envs: Sequence[str] = ()
     env: Sequence[tuple[str, str]] = ()  # more variables every rank gets (invoke run's rendezvous)
+    rank_setup: str = ""
 
 
 def choice_for(cluster: Cluster, requested: str | None) -> Choice:
@@ -159,7 +162,14 @@ def mpirun_command(cluster: Cluster, job: Job, env: Mapping[str, str]) -> list[s
     if job.map_by_node:
         cmd += ["--map-by", "node"]
     cmd += ["--wdir", job.workdir or head.work_dir]
-    return [*cmd, *venv_program(cluster, job.program)]
+    return [*cmd, *set_up(job, venv_program(cluster, job.program))]
+
+
+def set_up(job: Job, program: Sequence[str]) -> list[str]:
+    """The program, run after the job's rank_setup by a shell of its own on each rank."""
+    if not job.rank_setup:
+        return list(program)
+    return ["sh", "-c", f'{job.rank_setup}; exec "$@"', "rank", *program]
 
 
 def _reach(cluster: Cluster, node: Node) -> str:
@@ -206,8 +216,9 @@ def mlx_launch_command(cluster: Cluster, job: Job, env: Mapping[str, str]) -> li
            "--python", "bash"]
     for name, value in env.items():
         cmd += ["--env", f"{name}={value}"]
+    setup = f"{job.rank_setup}; " if job.rank_setup else ""
     # The program's own "python" is bash's $0.
-    return [*cmd, "--", "-c", f'. {shlex.quote(str(head.env_file))} && exec python "$@"',
+    return [*cmd, "--", "-c", f'. {shlex.quote(str(head.env_file))} && {setup}exec python "$@"',
             *job.program]
 
 
@@ -231,7 +242,7 @@ def command(cluster: Cluster, job: Job) -> list[str]:
             prefix = f"printf '%s\\n' {content} > {shlex.quote(f'{workdir}/{written[1]}')} && "
     elif job.backend == "direct":
         argv = ["env", *(f"{k}={v}" for k, v in sorted(env.items())),
-                *venv_program(cluster, job.program)]
+                *set_up(job, venv_program(cluster, job.program))]
     else:
         raise UserError(f"unknown backend {job.backend!r}: choose from {', '.join(BACKENDS)}")
     line = remote.shell_line(head, argv, workdir=workdir)

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from mlxcluster import paths
-from mlxcluster.lab import hosts
+from mlxcluster.lab import cache, hosts
 from mlxcluster.launch import runs
 from tests.cluster.conftest import (
     LabCluster,
@@ -33,7 +33,6 @@ from tests.cluster.conftest import (
     assert_trains_as_one_process,
     one_process_run,
     rank_weights,
-    sub_cluster,
 )
 from training.model import stand_in
 
@@ -41,20 +40,6 @@ pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
 INVOKE = str(Path(sys.executable).parent / "invoke")
-
-
-@pytest.fixture(scope="module")
-def provisioned(lab_cluster: LabCluster, tmp_path_factory: pytest.TempPathFactory):
-    """node1 and node2 of the session's lab as a cluster of their own, one rank each: provisioned
-    from that inventory (after test_site.py, only its hostfiles and layout change)."""
-    folder = tmp_path_factory.mktemp("two-nodes")
-    cluster = sub_cluster(lab_cluster, ["node1", "node2"], folder)
-    try:
-        run = cluster.playbook()
-        assert run.returncode == 0, json.dumps(run.failures, indent=1)
-        yield cluster
-    finally:
-        shutil.rmtree(paths.build_dir_for(cluster.inventory), ignore_errors=True)
 
 
 def finished_run(proc: subprocess.CompletedProcess[str]) -> Path:
@@ -260,6 +245,39 @@ def test_invoke_run_sends_a_script_of_one_s_own_with_its_words_as_typed_and_a_re
     assert [r["rank"] for r in said] == [0, 1] and all(r["argv"] == words for r in said)
     assert said[0]["heard"] == "rank 1 of 2"  # rank 1 reached rank 0 at MASTER_ADDR:MASTER_PORT
     assert "/shipped/" in said[0]["here"] and said[0]["here"] == said[1]["here"]
+
+
+def run_example(cluster: LabCluster, *words: str) -> dict[str, Any]:
+    """`invoke run [words]` of an example; rank 0's JSON summary."""
+    proc = subprocess.run([INVOKE, "run", "-i", str(cluster.inventory), *words], cwd=REPO,
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
+
+
+def test_the_examples_run_as_the_docs_say_xgboost_mpi4py_and_mlx_over_the_ring(lab_cluster, provisioned):
+    """training/examples/ as docs/any-job.md runs them: their packages added with
+    python_env_extra_packages (on every node of the lab, so that doctor still finds the nodes
+    alike), then invoke run on the two provisioned nodes."""
+    extras = {"python_env_extra_packages": list(cache.EXAMPLE_PACKAGES)}
+    run = lab_cluster.playbook("--tags", "python", "-e", json.dumps(extras))
+    assert run.returncode == 0, json.dumps(run.failures, indent=1)
+
+    # XGBoost's own collective, its tracker on rank 0 where the rendezvous says.
+    xgb = run_example(provisioned, "--", "python", "-m", "training.examples.xgboost_tracker")
+    assert xgb["world_size"] == 2 and xgb["same_model_on_every_rank"] is True, xgb
+    assert xgb["accuracy"] >= xgb["accuracy_one_process"] - 0.03, xgb
+
+    # mpi4py on the nodes' Open MPI, started by mpirun.
+    mpi = run_example(provisioned, "--", "python", "-m", "training.examples.mpi4py_allreduce")
+    assert mpi["world_size"] == 2 and mpi["sum_right"] is True and sorted(mpi["hosts"]) == ["node1", "node2"]
+    assert "Open MPI" in mpi["mpi"], mpi
+
+    # An MLX program over MLX's own ring backend: mlx.launch starts it, not mpirun.
+    ring = run_example(provisioned, "--backend", "ring", "--", "python", "-m",
+                       "training.examples.logistic_regression")
+    assert ring["launcher"] == "mlx.launch" and ring["world_size"] == 2 and ring["accuracy"] == 1.0, ring
+    assert ring["max_weight_difference_across_ranks"] == 0.0
 
 
 def finetune_pids(cluster, node: int) -> list[int]:

@@ -1,6 +1,7 @@
 """The smallest data-parallel MLX program: logistic regression learning OR, from scratch.
 
-    invoke run -- python -m training.examples.logistic_regression
+    invoke run -- python -m training.examples.logistic_regression                  # mpirun, MPI
+    invoke run --backend ring -- python -m training.examples.logistic_regression   # mlx.launch, ring
 
 Every rank builds the same data set, keeps its own shard (every world-size-th example), computes
 the gradient of its shard's loss, and the ranks average their gradients with an all-reduce: each
@@ -50,6 +51,13 @@ def init_group() -> mx.distributed.Group:
     return mx.distributed.init(backend="ring")
 
 
+def launcher() -> str:
+    """What started this rank: mlx.launch (MLX's ring or JACCL) sets MLX_RANK, mpirun its own."""
+    if "MLX_RANK" in os.environ:
+        return "mlx.launch"
+    return "mpirun" if "OMPI_COMM_WORLD_SIZE" in os.environ else "none"
+
+
 def train(group: mx.distributed.Group, steps: int, learning_rate: float,
           copies: int) -> dict[str, object]:
     x_all, y_all = dataset(copies)
@@ -70,6 +78,7 @@ def train(group: mx.distributed.Group, steps: int, learning_rate: float,
     gathered = mx.distributed.all_gather(flat[None], group=group)
     return {
         "world_size": group.size(),
+        "launcher": launcher(),
         "examples": total,
         "examples_on_rank_0": int(x.shape[0]) if group.rank() == 0 else None,
         "steps": steps,

@@ -126,5 +126,33 @@ def test_every_rank_of_two_nodes_gets_its_rank_from_mpirun_and_the_launcher_s_ad
     assert {"MASTER_ADDR=10.78.5.11", "MASTER_PORT=40000", "WORLD_SIZE=2", "DMLC_NUM_WORKER=2"} <= exported
     tail = words[words.index("sh"):]
     assert tail[:2] == ["sh", "-c"] and "OMPI_COMM_WORLD_RANK" in tail[2]
-    assert tail[3:] == ["invoke-run", "/opt/mlx-cluster/venv/bin/python", "-c",
+    assert tail[3:] == ["rank", "/opt/mlx-cluster/venv/bin/python", "-c",
                         "import os; print(os.environ['RANK'])"]
+
+
+def test_a_python_program_runs_over_mlx_s_ring_with_its_rank_from_mlx_launch():
+    cluster = Cluster.from_json(lab_layout())
+    plan = everywhere.plan(cluster, ["python3", "-m", "training.examples.logistic_regression"],
+                           backend="ring", port=40000)
+    words = shlex.split(plan.command[-1])
+    assert any(w.endswith("/bin/mlx.launch") for w in words) and words[words.index("--backend") + 1] == "ring"
+    assert {"MASTER_ADDR=10.78.5.11", "WORLD_SIZE=2"} <= {words[i + 1] for i, w in enumerate(words)
+                                                          if w == "--env"}
+    script = words[words.index("--") + 2]
+    assert "MLX_RANK" in script and script.endswith('exec python "$@"')
+    assert words[words.index("--") + 3:] == ["python", "-m", "training.examples.logistic_regression"]
+    with pytest.raises(UserError, match="Python programs only"):
+        everywhere.plan(cluster, ["hostname"], backend="ring")
+    with pytest.raises(UserError, match="--backend must be"):
+        everywhere.plan(cluster, ["python", "-c", "1"], backend="carrier-pigeon")
+
+
+def test_the_rank_setup_reads_mpirun_s_rank_else_mlx_launch_s_else_one_alone():
+    def ranks(env: dict[str, str]) -> list[str]:
+        echo = '; echo "$RANK $LOCAL_RANK $DMLC_TASK_ID"'
+        said = subprocess.run(["sh", "-c", everywhere.RANK_SETUP + echo], env=env, capture_output=True,
+                              text=True, check=True, stdin=subprocess.DEVNULL)
+        return said.stdout.split()
+    assert ranks({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}) == ["3", "1", "3"]
+    assert ranks({"MLX_RANK": "2"}) == ["2", "0", "2"]
+    assert ranks({}) == ["0", "0", "0"]
