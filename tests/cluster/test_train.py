@@ -275,7 +275,7 @@ def test_the_examples_run_as_the_docs_say_xgboost_mpi4py_and_mlx_over_the_ring(l
 
     # An MLX program over MLX's own ring backend: mlx.launch starts it, not mpirun.
     ring = run_example(provisioned, "--backend", "ring", "--", "python", "-m",
-                       "training.examples.logistic_regression")
+                       "training.examples.logistic_regression", "--steps", "100")
     assert ring["launcher"] == "mlx.launch" and ring["world_size"] == 2 and ring["accuracy"] == 1.0, ring
     assert ring["max_weight_difference_across_ranks"] == 0.0
 
