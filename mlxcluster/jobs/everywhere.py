@@ -121,7 +121,11 @@ def shipped(cluster: Cluster, program: Sequence[str], ship: Path | None, cwd: Pa
                   for node in cluster.training_nodes]
     index = script_index(program)
     if index is not None:
-        script = (cwd / program[index]).absolute()
+        # A relative script of a shipped folder is the folder's (the command runs from it), else
+        # the one here.
+        inside = folder is not None and not Path(program[index]).is_absolute() \
+            and (folder / program[index]).is_file()
+        script = (folder / program[index] if inside else cwd / program[index]).absolute()
         if script.is_file():
             if folder is not None and script.resolve().is_relative_to(folder):
                 program[index] = str(script.resolve().relative_to(folder))  # run from the shipped folder

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from mlxcluster import local
+from mlxcluster import local, paths
 from mlxcluster.lab import hosts
 from mlxcluster.launch import runs
 from mlxcluster.provision import ansible
@@ -29,7 +29,24 @@ VENV_BIN = Path(sys.executable).parent
 TEST_LAB_ID = int(os.environ.get("MLX_TEST_LAB_ID", "5"))
 
 
+# test_docs.py runs its dry runs on the two nodes test_train.py trains on (`provisioned`), so it
+# goes just before test_train.py: after test_molecule.py, which brings the same lab number up and
+# down, and test_site.py, which wants fresh nodes, and before test_train.py stops node2 for good.
+RUNS_JUST_BEFORE = {"test_docs.py": ("test_train.py", "test_train_links.py")}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for module, before in RUNS_JUST_BEFORE.items():
+        moved = [item for item in items if item.path == here / module]
+        if not moved:
+            continue
+        rest = [item for item in items if item.path != here / module]
+        ours = [n for n, item in enumerate(rest) if item.path.parent == here]
+        later = [n for n, item in enumerate(rest) if item.path.name in before and item.path.parent == here]
+        # Alone, or with only earlier modules of the lab: after them all.
+        at = later[0] if later else (ours[-1] + 1 if ours else len(rest))
+        items[:] = [*rest[:at], *moved, *rest[at:]]
     if os.geteuid() != 0:
         skip = pytest.mark.skip(reason="lab-cluster tests need root (network namespaces)")
         for item in items:
@@ -130,12 +147,27 @@ def lab_cluster(tmp_path_factory: pytest.TempPathFactory, tiny_inputs: tuple[Pat
     """A fresh 3-node lab cluster, shared by the test modules and torn down at the end.
 
     Provisioning a lab is most of a lab test's time, so it is done once: test_site.py checks the
-    provisioning of the fresh nodes (dry run, first and second run, ...), then test_train.py
-    trains on two of the provisioned nodes. The modules run in that order (file order); a module
-    run alone provisions what it needs itself.
+    provisioning of the fresh nodes (dry run, first and second run, ...), then test_docs.py and
+    test_train.py use two of the provisioned nodes (`provisioned`). The modules run in that order
+    (file order, but for RUNS_JUST_BEFORE); a module run alone provisions what it needs itself.
     """
     with fresh_lab(tmp_path_factory, 3) as cluster:
         yield dataclasses.replace(cluster, model=tiny_inputs[0])
+
+
+@pytest.fixture(scope="session")
+def provisioned(lab_cluster: LabCluster, tmp_path_factory: pytest.TempPathFactory):
+    """node1 and node2 of the session's lab as a cluster of their own, one rank each: provisioned
+    from that inventory (after test_site.py, only its hostfiles and layout change). Provisioned
+    once for the session: test_docs.py's dry runs use it just before test_train.py trains on it."""
+    folder = tmp_path_factory.mktemp("two-nodes")
+    cluster = sub_cluster(lab_cluster, ["node1", "node2"], folder)
+    try:
+        run = cluster.playbook()
+        assert run.returncode == 0, json.dumps(run.failures, indent=1)
+        yield cluster
+    finally:
+        shutil.rmtree(paths.build_dir_for(cluster.inventory), ignore_errors=True)
 
 
 def sub_cluster(cluster: LabCluster, nodes: list[str], folder: Path) -> LabCluster:

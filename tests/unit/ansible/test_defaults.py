@@ -28,7 +28,7 @@ def render(inventory: Path, out: Path, env: dict, *extra: str) -> subprocess.Com
 
 
 def test_the_example_copied_anywhere_renders_with_the_documented_defaults(tmp_path, tool_env):
-    copy = tmp_path / "clusters" / "studio" / "hosts.yml"  # as the README says: no group_vars
+    copy = tmp_path / "clusters" / "studio" / "hosts.yml"  # as docs/inventory.md says: no group_vars
     copy.parent.mkdir(parents=True)
     shutil.copy(EXAMPLE, copy)
     proc = render(copy, tmp_path / "out", tool_env)

@@ -97,9 +97,13 @@ def test_a_shipped_folder_is_sent_whole_without_what_links_out_of_it_and_the_job
     assert sorted(str(p.relative_to(shipped)) for p in shipped.rglob("*")) == \
         ["alias.txt", "data.txt", "lib", "lib/job.py"]
     assert (shipped / "alias.txt").read_text() == "rows"
+    # From anywhere (invoke runs in the repository): the script is the shipped folder's.
+    monkeypatch.chdir(tmp_path)
+    said = run_plan(everywhere.plan(local, ["python", "lib/job.py", "again"], ship=folder))
+    assert said["argv"] == ["again"] and said["cwd"] == str(shipped)
     # Again: only what changed is sent, and what went from the folder goes from the nodes.
     (folder / "data.txt").unlink()
-    run_plan(everywhere.plan(local, ["python", "lib/job.py"], ship=Path(".")))
+    run_plan(everywhere.plan(local, ["python", "lib/job.py"], ship=folder))
     assert not (shipped / "data.txt").exists()
 
 
