@@ -268,8 +268,11 @@ def collect(plan: Plan, timeout: float | None = None) -> None:
 
 
 def _why(plan: Plan, output: str, code: int | None, oom_before: Mapping[str, int | None]) -> str:
-    out_of_memory = doctor.ran_out_of_memory(oom_before, doctor.oom_kills(plan.cluster))
-    why = builder.describe_failure(plan.cluster, output, code, plan.request.parallel, out_of_memory)
+    oom_after = doctor.oom_kills(plan.cluster)
+    out_of_memory = doctor.ran_out_of_memory(oom_before, oom_after)
+    counted = [name for name, was in oom_before.items()
+               if was is not None and oom_after.get(name) is not None]
+    why = builder.describe_failure(plan.cluster, output, code, plan.request.parallel, out_of_memory, counted)
     if relay.STALL_MESSAGE.decode() in output:
         # A stall has a cause elsewhere (a node or link gone): the node checks name it.
         red = doctor.red_node_checks(plan.cluster, None)

@@ -297,6 +297,19 @@ def killed(output: str, code: int | None = None) -> bool:
     return "9" in signalled or "-9" in signalled or code in (137, -9)
 
 
+def killed_on(cluster: Cluster, output: str, code: int | None = None) -> str | None:
+    """The node of a rank killed by SIGKILL, as the launch's output (or one process's exit status)
+    says it; None when none was, or the output does not say where."""
+    by_ip = {n.thunderbolt_ip: n.name for n in cluster.nodes}
+    for match in _SIGNALLED.finditer(output):
+        if match[3] == "9":
+            return by_ip.get(match[2], match[2])
+    for match in _RING_EXIT.finditer(output):
+        if match[2] == "-9":
+            return cluster.node_of_rank(int(match[1]))
+    return cluster.head.name if code in (137, -9) and cluster.world_size == 1 else None
+
+
 def out_of_memory_hint(parallel: str, sure: bool = False) -> str:
     fix = ("--parallel tensor splits the model across the nodes, each holding a shard of it"
            if parallel != "tensor" else "more nodes give each a smaller shard of the model")
@@ -306,10 +319,11 @@ def out_of_memory_hint(parallel: str, sure: bool = False) -> str:
 
 
 def describe_failure(cluster: Cluster, output: str, code: int | None = None, parallel: str = "data",
-                     out_of_memory: Sequence[str] = ()) -> str:
+                     out_of_memory: Sequence[str] = (), counted: Sequence[str] = ()) -> str:
     """What a failed training launch's output says: which rank on which node, the last step, and
     what to do when the nodes `out_of_memory` ran out of it (their kernel's count of out-of-memory
-    kills rose), or a rank was killed as the out-of-memory killer kills."""
+    kills rose), or a rank was killed as the out-of-memory killer kills: from outside the run when
+    its node's count is known (`counted`: read before and after) and did not rise."""
     parts = [part] if (part := which_rank(cluster, output)) else []
     steps = _LAST_STEP.findall(output)
     parts.append(f"last step reported: {steps[-1][0]} of {steps[-1][1]}" if steps
@@ -318,7 +332,13 @@ def describe_failure(cluster: Cluster, output: str, code: int | None = None, par
         parts.append(f"out of memory: the kernel's out-of-memory killer ended a process on "
                      f"{', '.join(out_of_memory)} during the run; {out_of_memory_hint(parallel, sure=True)}")
     elif killed(output, code):
-        parts.append(out_of_memory_hint(parallel))
+        node = killed_on(cluster, output, code)
+        if node is not None and node in counted:
+            parts.append(f"killed from outside the run, not for memory: SIGKILL, while {node}'s "
+                         "out-of-memory count did not rise (a kill -9, a supervisor, a shutdown); "
+                         "nothing in the run's settings caused it")
+        else:
+            parts.append(out_of_memory_hint(parallel))
     return "; ".join(parts)
 
 

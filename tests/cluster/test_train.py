@@ -349,6 +349,9 @@ def test_a_rank_killed_mid_run_stops_every_rank_and_is_named(provisioned, tiny_i
         stopped = time.perf_counter() - killed
     assert train.returncode != 0
     assert "rank 1 on node2 was killed by signal 9; last step reported: " in stderr, stderr[-2000:]
+    # The kernel killed nothing for memory: the cause is said as what it was.
+    outside = "killed from outside the run, not for memory"
+    assert outside in stderr and "most often" not in stderr, stderr[-2000:]
     assert stopped < 60, f"the other rank took {stopped:.1f} s to stop"
     # Nothing is left running on either node.
     for node in (1, 2):

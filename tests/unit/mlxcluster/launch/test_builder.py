@@ -136,6 +136,16 @@ def test_a_rank_killed_as_out_of_memory_is_told_to_shard_the_model():
     assert "--parallel tensor splits the model" in told and "most often" not in told
 
 
+def test_a_rank_killed_while_its_node_counted_no_out_of_memory_kill_was_killed_from_outside():
+    ring = "\x1b[33m[WARN] Node with rank 1 exited with code -9 \x1b[0m\n"
+    for output, code in ((KILLED, None), (ring, None)):
+        told = describe_failure(layout(), output, code, "data", [], ["node1", "node2"])
+        assert "killed from outside the run, not for memory" in told and "out-of-memory count" in told
+        assert "--parallel tensor" not in told
+    # Where the count cannot be read (a Mac: jetsam has none), the likeliest cause, hedged.
+    assert "most often out of memory" in describe_failure(layout(), ring, None, "data", [], ["node2"])
+
+
 # --- the one builder --------------------------------------------------------------------------------
 
 
