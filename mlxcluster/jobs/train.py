@@ -267,13 +267,19 @@ def collect(plan: Plan, timeout: float | None = None) -> None:
                    stdin=subprocess.DEVNULL)
 
 
-def _why(plan: Plan, output: str, code: int | None, oom_before: Mapping[str, int | None]) -> str:
+def _why(plan: Plan, output: str, code: int | None, oom_before: Mapping[str, int | None],
+         frozen: Sequence[str] = ()) -> str:
     oom_after = doctor.oom_kills(plan.cluster)
     out_of_memory = doctor.ran_out_of_memory(oom_before, oom_after)
     counted = [name for name, was in oom_before.items()
                if was is not None and oom_after.get(name) is not None]
     why = builder.describe_failure(plan.cluster, output, code, plan.request.parallel, out_of_memory, counted)
-    if relay.STALL_MESSAGE.decode() in output:
+    if frozen:
+        # The other ranks waited for it in a collective: theirs is the stall message, its the cause.
+        why += (f"; frozen: a rank's process on {', '.join(frozen)} was stopped (state T: SIGSTOP, "
+                "a debugger, a suspended job) while the others waited for it; the launcher's "
+                "teardown ended it. Look for what stops processes there")
+    elif relay.STALL_MESSAGE.decode() in output:
         # A stall has a cause elsewhere (a node or link gone): the node checks name it.
         red = doctor.red_node_checks(plan.cluster, None)
         why += "; the nodes now: " + ("; ".join(f"{c.scope}: {c.name}: {c.detail}" for c in red)
@@ -332,7 +338,7 @@ def execute(plan: Plan) -> Path:
                                           "exit_code": relayed.code,
                                           "wall_time_s": round(time.perf_counter() - start, 1)})
     if not finished:
-        why = _why(plan, relayed.output, relayed.code, oom_before)
+        why = _why(plan, relayed.output, relayed.code, oom_before, relayed.frozen)
         raise TrainFailed(f"training failed (exit {relayed.code}): {why}; what arrived "
                           f"is in {plan.results}{runs.resume_hint(plan.results)}",
                           code=relayed.code or 1)

@@ -17,7 +17,9 @@ import dataclasses
 import json
 import re
 import shlex
+import subprocess
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from mlxcluster.describe.backends import RDMA_HOWTO, Choice, rdma_missing
@@ -264,6 +266,33 @@ def stop(cluster: Cluster, marker: str) -> None:
     if not remote.run_quietly(cluster.head, stop_command(cluster, marker)[-1]):
         print(f"warning: could not reach {cluster.head.name} to stop {marker} there: check for "
               "its processes (invoke doctor)", flush=True)
+
+
+def frozen_nodes(cluster: Cluster, marker: str, timeout: float = 5) -> list[str]:
+    """The training nodes where a process of the job (its command line holds `marker`) is stopped
+    (state T: SIGSTOP, a debugger, a suspended job): a rank frozen there holds every other rank up
+    in their collectives. A node that does not answer within `timeout` is not named (the node
+    checks name it)."""
+    if not _MARKER.match(marker):
+        raise ValueError(f"marker {marker!r}: letters, digits, dashes, dots and slashes only")
+    # This shell holds the marker too, but it runs: only a stopped process is a T. Nodes that share
+    # one Linux kernel (containers, the lab) see each other's processes: a node's own are those of
+    # its network namespace (a Mac has no /proc: all its processes are its own).
+    line = ("own=$(readlink /proc/self/ns/net 2>/dev/null); "
+            f"for pid in $(pgrep -f -- {shlex.quote(marker)}); "
+            'do [ -n "$own" ] && [ "$(readlink /proc/$pid/ns/net 2>/dev/null)" != "$own" ] && continue; '
+            'ps -o stat= -p "$pid"; done | grep -c "^ *T"')
+
+    def frozen(node: Node) -> bool:
+        try:
+            said = remote.output(node, remote.ssh_command(node, line, connect_timeout=3), timeout=timeout)
+        except (remote.RemoteError, subprocess.TimeoutExpired):
+            return False  # grep -c exits 1 on no match: nothing frozen there (or no answer)
+        return said.strip().isdigit() and int(said) > 0
+
+    nodes = cluster.training_nodes
+    with ThreadPoolExecutor(max_workers=max(len(nodes), 1)) as pool:
+        return [node.name for node, stopped in zip(nodes, pool.map(frozen, nodes), strict=True) if stopped]
 
 
 # --- what a failed launch says ---------------------------------------------------------------------

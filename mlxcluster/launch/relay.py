@@ -13,6 +13,7 @@ from __future__ import annotations
 import select
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ class Relayed:
     output: str  # the tail of everything it printed (stdout and stderr)
     held_back: list[str] = field(default_factory=list)  # whole lines holding `hide`
     stamped: list[tuple[float, str]] = field(default_factory=list)  # (time.monotonic(), line)
+    frozen: list[str] = field(default_factory=list)  # nodes where a rank was stopped at a stall
 
 
 @dataclass
@@ -70,10 +72,12 @@ class _Stream:
 
 def relay(cmd: Sequence[str], *, keep: int = 1 << 16, on_stall: Callable[[], None] | None = None,
           timeout: float | None = None, hide: str | None = None, stamp: bool = False,
-          stdin: int | None = None, on_line: Callable[[str], None] | None = None) -> Relayed:
+          stdin: int | None = None, on_line: Callable[[str], None] | None = None,
+          on_stalled: Callable[[], None] | None = None) -> Relayed:
     """Run `cmd` with its output passed through as it comes.
 
-    on_stall is called once if a rank reported a stall and cmd is still running STALL_GRACE
+    on_stalled is called once as soon as a rank reports a stall (the rank holds still a few
+    seconds then: watchdog.STALL_HOLD); on_stall once if cmd is still running STALL_GRACE
     seconds later; after `timeout` seconds cmd is killed (code None). Lines holding `hide` are
     not shown but returned; with `stamp`, every line is returned with the time it arrived;
     `on_line` is called with each whole line as it arrives.
@@ -94,6 +98,8 @@ def relay(cmd: Sequence[str], *, keep: int = 1 << 16, on_stall: Callable[[], Non
                         break
                     if stalled_at is None and STALL_MESSAGE in stream.tail[-len(STALL_MESSAGE):] + chunk:
                         stalled_at = time.monotonic()
+                        if on_stalled is not None:
+                            on_stalled()
                     stream.take(chunk, out)
                     out.flush()
                 if stalled_at is not None and on_stall and time.monotonic() - stalled_at > STALL_GRACE:
@@ -117,16 +123,29 @@ def supervise(cluster: Cluster, cmd: Sequence[str], marker: str, **options: obje
     """`relay` a job's launch command; the job is stopped on its launcher (`marker` names its
     processes) after a stall, on a timeout, and on Ctrl-C, which is then raised again."""
 
+    looked: list[threading.Thread] = []
+    frozen: list[str] = []
+
+    def look_for_frozen_ranks() -> None:
+        # In a thread: the output keeps flowing while every node is asked.
+        looked.append(threading.Thread(target=lambda: frozen.extend(builder.frozen_nodes(cluster, marker)),
+                                       name="frozen-ranks", daemon=True))
+        looked[0].start()
+
     def stop_stalled() -> None:
         print(f"==> a rank stalled and the launcher has not exited after {STALL_GRACE:.0f} s: "
               f"stopping {marker} on {cluster.head.name}", flush=True)
         builder.stop(cluster, marker)
 
     try:
-        relayed = relay(cmd, on_stall=stop_stalled, **options)  # type: ignore[arg-type]
+        relayed = relay(cmd, on_stall=stop_stalled, on_stalled=look_for_frozen_ranks,
+                        **options)  # type: ignore[arg-type]
     except (KeyboardInterrupt, Exception):
         builder.stop(cluster, marker)
         raise
     if relayed.code is None:
         builder.stop(cluster, marker)
+    for thread in looked:
+        thread.join(timeout=30)
+    relayed.frozen = list(frozen)
     return relayed

@@ -315,14 +315,15 @@ def _ctrl_c_as_at_a_terminal() -> None:
 
 
 @contextlib.contextmanager
-def training_under_way(cluster, tiny_inputs: tuple[Path, Path]) -> Iterator[subprocess.Popen]:
+def training_under_way(cluster, tiny_inputs: tuple[Path, Path],
+                       extra: str = "") -> Iterator[subprocess.Popen]:
     """`invoke train` on a long run, handed over once rank 0 has reported step 3; killed after."""
     model_dir, data_dir = tiny_inputs
     train = subprocess.Popen(
         [INVOKE, "train", "-i", str(cluster.inventory), "--model", str(model_dir),
          "--data", str(data_dir), "--iters", "5000", "--batch-size", "2", "--extra",
          "--steps-per-report 1 --steps-per-eval 5000 --val-batches 1 --num-layers 1 "
-         "--max-seq-length 256"],
+         f"--max-seq-length 256 {extra}"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         stdin=subprocess.DEVNULL, preexec_fn=_ctrl_c_as_at_a_terminal)
     assert train.stdout is not None and train.stderr is not None
@@ -357,6 +358,26 @@ def test_a_rank_killed_mid_run_stops_every_rank_and_is_named(provisioned, tiny_i
     for node in (1, 2):
         assert finetune_pids(provisioned, node) == []
     print(f"rank killed -> invoke train returned in {stopped:.1f} s")
+
+
+def test_a_frozen_rank_is_named_with_its_node_and_nothing_is_left(provisioned, tiny_inputs):
+    """SIGSTOP on node2's rank: the other rank waits for it until its watchdog stops the run, and
+    the controller, asking every node as the stall is reported, names node2's frozen rank (a
+    stall_timeout of 8 s: the default 30 s would only make the test longer)."""
+    with training_under_way(provisioned, tiny_inputs, "--stall-timeout 8") as train:
+        frozen = finetune_pids(provisioned, 2)
+        assert frozen, "no training process on node2"
+        try:
+            for pid in frozen:
+                os.kill(pid, signal.SIGSTOP)
+            _, stderr = train.communicate(timeout=240)
+            assert train.returncode != 0
+            assert "frozen: a rank's process on node2 was stopped" in stderr, stderr[-3000:]
+            wait_until_gone(finetune_pids, provisioned, timeout=20)  # the launcher's teardown ended it
+        finally:
+            for pid in frozen:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 def test_ctrl_c_on_the_controller_stops_every_rank(provisioned, tiny_inputs):

@@ -23,6 +23,10 @@ from typing import TextIO
 # What a stalled rank prints; the controller recognises a stall by it.
 STALL_MESSAGE = "no progress for"
 BACKSTOP_DELAY = 30.0
+# How long a stalled rank holds still after saying so, before it exits: the controller looks at
+# every node's processes then, while the stall has not been undone by the launcher's teardown (a
+# frozen rank is resumed and killed by it), to name the node where a rank was frozen.
+STALL_HOLD = 3.0
 
 
 def _stderr() -> TextIO:
@@ -54,6 +58,7 @@ class StallWatchdog:
         slack: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
         exit: Callable[[int], None] = os._exit,
+        hold: float = STALL_HOLD,
     ):
         self.timeout = timeout
         self.first_timeout = first_timeout
@@ -62,6 +67,7 @@ class StallWatchdog:
         self.slack = slack
         self.clock = clock
         self.exit = exit
+        self.hold = hold
         self.first_step = 0.0  # how long the first training step took (from the last progress)
         self.longest_gap = 0.0  # the longest gap between progress after the first step
         self.started = 0.0
@@ -134,5 +140,6 @@ class StallWatchdog:
                 )
                 faulthandler.dump_traceback(file=_stderr(), all_threads=True)
                 sys.stderr.flush()
+                time.sleep(self.hold)
                 self.exit(1)
                 return

@@ -66,6 +66,37 @@ def test_the_relay_stops_a_launch_that_outlives_a_stalled_rank(tmp_path: Path, m
     assert json.dumps(relayed.output)  # the tail is text
 
 
+FROZEN_JOB = """import signal, subprocess, sys, time
+# A rank of run runs/20261126-000000: its child, frozen; itself, stalled, as the watchdog says.
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "runs/20261126-000000"])
+child.send_signal(signal.SIGSTOP)
+time.sleep(0.3)
+print("rank 0: error: no progress for 30 s (allowed 30 s)", flush=True)
+time.sleep(2)  # the watchdog's hold: the controller looks now
+child.kill()
+sys.exit(1)
+"""
+
+
+def test_a_stall_names_the_node_where_a_rank_of_the_job_was_frozen(tmp_path: Path):
+    """supervise asks every node for the job's stopped processes as soon as a rank reports a stall
+    (for real: ps on this machine, a node of a local cluster)."""
+    from mlxcluster.describe.cluster import Cluster
+    from tests.unit.mlxcluster.jobs.test_train import lab_layout
+
+    layout = lab_layout()
+    layout["nodes"] = [dict(layout["nodes"][0], connection={"type": "local"})]
+    cluster = Cluster.from_json(layout)
+    relayed = relay.supervise(cluster, [sys.executable, "-c", FROZEN_JOB], "runs/20261126-000000",
+                              stdin=subprocess.DEVNULL)
+    assert relayed.code == 1 and relayed.frozen == [cluster.head.name]
+    # A stall without a frozen rank (a link gone) names none.
+    still = FROZEN_JOB.replace("child.send_signal(signal.SIGSTOP)", "pass")
+    relayed = relay.supervise(cluster, [sys.executable, "-c", still], "runs/20261126-000000",
+                              stdin=subprocess.DEVNULL)
+    assert relayed.code == 1 and relayed.frozen == []
+
+
 def test_the_relay_holds_back_marked_lines_stamps_lines_and_gives_up_at_a_timeout(capfd):
     script = ("import time\n"
               "print('one', flush=True)\n"
