@@ -251,12 +251,17 @@ def command(cluster: Cluster, job: Job) -> list[str]:
     return remote.ssh_command(head, prefix + line, tty=job.interactive)
 
 
+def _checked(marker: str) -> str:
+    """A marker safe in a pattern and a shell line, or a ValueError."""
+    if not _MARKER.match(marker):
+        raise ValueError(f"marker {marker!r}: letters, digits, dashes, dots and slashes only")
+    return marker
+
+
 def stop_command(cluster: Cluster, marker: str) -> list[str]:
     """Stops a job's launcher (and with it every rank): the processes whose command line holds
     `marker` (a run's directory, a benchmark's tag)."""
-    if not _MARKER.match(marker):
-        raise ValueError(f"marker {marker!r}: letters, digits, dashes, dots and slashes only")
-    pattern = f"(mpirun|mlx\\.launch|python) .*{marker}"
+    pattern = f"(mpirun|mlx\\.launch|python) .*{_checked(marker)}"
     return remote.ssh_command(cluster.head, f"pkill -TERM -f {shlex.quote(pattern)}")
 
 
@@ -273,13 +278,11 @@ def frozen_nodes(cluster: Cluster, marker: str, timeout: float = 5) -> list[str]
     (state T: SIGSTOP, a debugger, a suspended job): a rank frozen there holds every other rank up
     in their collectives. A node that does not answer within `timeout` is not named (the node
     checks name it)."""
-    if not _MARKER.match(marker):
-        raise ValueError(f"marker {marker!r}: letters, digits, dashes, dots and slashes only")
     # This shell holds the marker too, but it runs: only a stopped process is a T. Nodes that share
     # one Linux kernel (containers, the lab) see each other's processes: a node's own are those of
     # its network namespace (a Mac has no /proc: all its processes are its own).
     line = ("own=$(readlink /proc/self/ns/net 2>/dev/null); "
-            f"for pid in $(pgrep -f -- {shlex.quote(marker)}); "
+            f"for pid in $(pgrep -f -- {shlex.quote(_checked(marker))}); "
             'do [ -n "$own" ] && [ "$(readlink /proc/$pid/ns/net 2>/dev/null)" != "$own" ] && continue; '
             'ps -o stat= -p "$pid"; done | grep -c "^ *T"')
 
