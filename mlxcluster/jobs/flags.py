@@ -1,4 +1,5 @@
-"""The values of `invoke` flags, as invoke hands them over (text), read into what the tasks take.
+"""The values of `invoke` flags, as invoke hands them over (text), read into what the tasks take;
+and the help of the flags several tasks share (`helps`).
 
 A value that cannot be read is a UserError of one line that names the flag, the value and what to
 give instead, never a traceback: `--iters many` says `--iters many: give a whole number of at
@@ -90,3 +91,28 @@ def number(value: Any, flag: str, minimum: float, maximum: float) -> float | Non
     if not (math.isfinite(read) and minimum <= read <= maximum):
         raise UserError(f"{flag} {value!r}: give a number from {minimum:g} to {maximum:g}")
     return read
+
+
+# The options several tasks share, said once; a task adds its own with `helps`.
+SHARED_HELP = {
+    "inventory": "Inventory file (default: cluster.inventory in invoke.yaml, the local machine)",
+    "data": "Prepared data directory (default: the bundled pirate demo, prepared on first use)",
+    "model": "Model directory on the controller (default: SmolLM2-135M, fetched on first use)",
+    "config": "YAML training config (default training/configs/lora.yaml); flags win over it",
+    "extra": "More training flags, e.g. \"--learning-rate 2e-4 --num-layers 4\"",
+    "threads": "BLAS threads per rank (default: all cores, or 1 when a node has several slots)",
+    "interface": "Interface MPI traffic is pinned to (default: the Thunderbolt interface)",
+    "iters": "Steps of each run (default 30)",
+    "nodes": "Node counts to run on, comma-separated (default: 1 and all of them, e.g. 1,3)",
+    "batch_size": "Global batch (default: the smallest multiple of every configuration's ranks "
+                  "that is at least 4)",
+    "id": "Lab number 0-9 (default: lab.id in invoke.yaml)",
+    "lab": "Lab number (default 8)",
+    "output": "JSON file to write (default runs/bench/<benchmark>-<time>.json; a PNG goes next to it)",
+    "dry_run": "Print every command and touch no host",
+}
+
+
+def helps(*shared: str, **own: str) -> dict[str, str]:
+    """A task's help: the shared options it takes, by name, and its own."""
+    return {name: SHARED_HELP[name] for name in shared} | own

@@ -8,8 +8,10 @@ from collections import Counter
 from pathlib import Path
 
 import tasks
+from mlxcluster.jobs import flags
 
-SOURCE = Path(tasks.__file__).read_text()
+# The tasks, and the help of the flags they share (SHARED_HELP, beside the flags' readers).
+SOURCE = Path(tasks.__file__).read_text() + "\n" + Path(flags.__file__).read_text()
 
 
 def help_texts() -> list[str]:
