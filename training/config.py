@@ -122,11 +122,15 @@ class FinetuneConfig:
         metadata=_help("seconds without progress after which a rank stops (a node or link is gone)"))
     save_rank_weights: bool = field(
         default=False, metadata=_help("every rank also writes the weights all ranks hold alike, to compare"))
+    save_every_minutes: float = field(
+        default=0.0,
+        metadata=_help("also a checkpoint at the first report after this many minutes since the last "
+                       "(0: by save_every alone): a lost node then costs at most that much work"))
 
 
 CONFIG_KEYS = tuple(f.name for f in dataclasses.fields(FinetuneConfig))
 PROJECT_KEYS = ("parallel", "batch_shares", "max_micro_batch", "dequantize_ranks", "stall_timeout",
-                "save_rank_weights")
+                "save_rank_weights", "save_every_minutes")
 KEY_TYPES = typing.get_type_hints(FinetuneConfig)
 DEFAULTS = FinetuneConfig()
 
@@ -358,6 +362,8 @@ def config_problems(config: FinetuneConfig, world_size: int = 1) -> list[str]:
     for key in ("num_layers", "val_batches", "test_batches"):
         if getattr(config, key) != -1 and getattr(config, key) < 1:
             problems.append(f"{key} must be -1 (all) or at least 1, got {getattr(config, key)}")
+    if not config.save_every_minutes >= 0:
+        problems.append(f"save_every_minutes must be 0 (off) or more, got {config.save_every_minutes}")
     if config.clear_cache_threshold < 0:
         problems.append(f"clear_cache_threshold must be at least 0, got {config.clear_cache_threshold}")
     problems += _choice("fine_tune_type", config.fine_tune_type, FINE_TUNE_TYPES)

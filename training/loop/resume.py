@@ -1,10 +1,11 @@
 """What makes a run resumable: checkpoints written while it trains, and picking up from the latest.
 
-`Checkpointer` writes one (rank 0, `training/loop/checkpoint.py`: adapters, optimizer state, step, RNG
-key, the settings and the training data's digest) at the first train report at or after every
-`save_every` steps. `resume_point` reads the latest on rank 0, checks that it belongs to this run,
-and gives every rank its adapters, Adam moments and RNG key; with the seed-only batch order
-(`training/data/batches.py`) the resumed run ends with the adapters of an uninterrupted one.
+`Checkpointer` writes one (rank 0, `training/loop/checkpoint.py`: adapters, optimizer state, step,
+RNG key, the settings and the training data's digest) at the first train report at or after every
+`save_every` steps, and after every `save_every_minutes` (by rank 0's clock). `resume_point` reads
+the latest on rank 0, checks that it belongs to this run, and gives every rank its adapters, Adam
+moments and RNG key; with the seed-only batch order (`training/data/batches.py`) the resumed run
+ends with the adapters of an uninterrupted one.
 
 `resume_from` is the other, simpler kind of resume, mlx-lm's: a new run that starts from saved
 adapter weights alone, with a fresh optimizer (`resume_adapter_file`).
@@ -13,7 +14,8 @@ adapter weights alone, with a fresh optimizer (`resume_adapter_file`).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -51,13 +53,28 @@ class Checkpointer:
     first_step: int
     data_digest: str
 
+    clock: Callable[[], float] = time.monotonic
+
     def __post_init__(self) -> None:
         self.due = (self.first_step // self.config.save_every + 1) * self.config.save_every
+        self.saved_at = self.clock()
 
     def after_report(self, step: int) -> None:
-        if step >= self.due and step % self.config.grad_accumulation_steps == 0:
+        if step % self.config.grad_accumulation_steps != 0:
+            return
+        if step >= self.due or self._time_is_up():
             self.save(step)
             self.due = (step // self.config.save_every + 1) * self.config.save_every
+            self.saved_at = self.clock()
+
+    def _time_is_up(self) -> bool:
+        """save_every_minutes passed since the last checkpoint (or the start), by rank 0's clock:
+        every rank must agree, as a save gathers sharded arrays from all of them."""
+        if not self.config.save_every_minutes:
+            return False
+        group = self.layout.group
+        mine = group.rank() == 0 and self.clock() - self.saved_at >= 60 * self.config.save_every_minutes
+        return bool(checkpoint.broadcast({"due": mx.array([int(mine)])}, group)["due"].item())
 
     def save(self, step: int) -> None:
         # Whole arrays, as one process has them (sharded ones are gathered: every rank takes part).

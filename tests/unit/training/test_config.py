@@ -97,10 +97,11 @@ def test_dequantize_ranks_come_as_a_flag_or_a_yaml_list_and_name_ranks_of_the_ru
 
 def test_every_problem_is_reported_at_once():
     config = tc.merge_config({"iters": 10, "lora_dropout": 1.0, "lr_schedule": "linear", "num_layers": 0,
-                              "learning_rate": 0}, {})
+                              "learning_rate": 0, "save_every_minutes": -1}, {})
     problems = tc.config_problems(config)
     assert [p.split()[0] for p in problems] == [
         "num_layers",
+        "save_every_minutes",
         "learning_rate",
         "lora_parameters.dropout",
         "lr_schedule",

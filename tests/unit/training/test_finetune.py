@@ -302,3 +302,20 @@ def test_resume_without_a_checkpoint_starts_from_the_beginning(tiny_run: dict[st
         assert ft.main(args, environ={}) == 0
     assert "no checkpoint in" in stdout.getvalue() and "starting from step 0" in stdout.getvalue()
     assert json.loads((fresh / "summary.json").read_text())["resumed_from_step"] is None
+
+
+def test_checkpoints_are_also_made_by_time(tiny_run: dict[str, Any]):
+    """save_every_minutes: a checkpoint at the first report after that long since the last (here
+    almost no time: every report), on top of save_every's (here none before the end)."""
+    root = tiny_run["root"]
+    by_time = root / "by-time"
+    args = training_args(root / "model", root / "data", by_time, "--iters", "4", "--save-every", "100",
+                         "--save-every-minutes", "0.00001")
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert ft.main(args, environ={}) == 0
+    assert sorted(p.name for p in (by_time / "checkpoints").iterdir()) == ["0000002", "0000004"]
+    never = root / "by-steps"
+    args = training_args(root / "model", root / "data", never, "--iters", "4", "--save-every", "100")
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert ft.main(args, environ={}) == 0
+    assert not (never / "checkpoints").exists() or not list((never / "checkpoints").iterdir())
