@@ -151,18 +151,23 @@ def model_fetch(c, source=inputs.DEFAULT_MODEL, output=None, dtype=None, dequant
     btl_tcp_links="TCP connections per peer for Open MPI (btl_tcp_links)",
     parallel="data (default: a whole model per rank) or tensor (each rank a shard of the model)",
     resume="Continue an interrupted run from its latest checkpoint: --resume (the latest "
-           "unfinished run in runs/) or --resume=RUN_ID; its data, model and settings are kept"),
+           "unfinished run in runs/) or --resume=RUN_ID; its data, model and settings are kept",
+    max_restarts="After a node's fault (killed, frozen, lost), leave it out and restart from the "
+                 "latest checkpoint on the others, at most this many times (default 3; 0: never)",
+    min_nodes="The fewest nodes a run starts or goes on with (default 1)"),
     optional=["resume"])
 def train(c, inventory=None, config=None, data=None, model=None, iters=None, batch_size=None,
           extra="", backend=None, interface=None, btl_tcp_links=None, threads=None,
-          parallel=None, resume=None, dry_run=False):
+          parallel=None, resume=None, dry_run=False, max_restarts=None, min_nodes=None):
     """Fine-tune on the cluster: sync data, code and model, mpirun on every slot, fetch results."""
     results = training.train(_inventory(c, inventory), training.Options(
         config=config, data=data, model=model, iters=_whole(iters, "--iters"),
         batch_size=_whole(batch_size, "--batch-size"), extra=extra, backend=backend,
         interface=interface, btl_tcp_links=_whole(btl_tcp_links, "--btl-tcp-links", 1, 64),
         threads=_whole(threads, "--threads", 1, 1024), parallel=flags.one_of(parallel, "--parallel", MODES),
-        resume=resume, dry_run=dry_run))
+        resume=resume, dry_run=dry_run,
+        max_restarts=_whole(max_restarts, "--max-restarts", 0, 100),
+        min_nodes=_whole(min_nodes, "--min-nodes", 1, 1024)))
     if results:
         runs.print_summary(results, _inventory(c, inventory))
 

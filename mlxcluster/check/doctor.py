@@ -14,13 +14,14 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mlxcluster.check import room
+from mlxcluster.describe import drained
 from mlxcluster.describe.backends import RDMA_HOWTO
 from mlxcluster.describe.cluster import Cluster, Node, Recorded, hostfile_entries
 from mlxcluster.errors import UserError
@@ -41,6 +42,11 @@ class Check:
     ok: bool
     detail: str
     fix: str = ""
+
+    @property
+    def nodes(self) -> list[str]:
+        """The nodes it is about: one, two (a pair's ends), or none (the cluster's)."""
+        return [] if self.scope == "cluster" else [part.strip() for part in self.scope.split("->")]
 
 
 # --- gathering -------------------------------------------------------------------------------------
@@ -372,7 +378,9 @@ def evaluate(cluster: Cluster, rendered_hostfile: str, gathered: Mapping[str, An
     facts = {name: f for name, f in gathered["nodes"].items() if name in reachable}
     nodes = [n for n in cluster.nodes if n.name in reachable]
     return [*checks, *_pairs(cluster, nodes, facts), *_software(cluster, nodes, facts),
-            *_hostfiles(nodes, facts, rendered_hostfile), *_interfaces(cluster, nodes, facts),
+            # A layout of fewer nodes (after a node was left out) writes its own at launch.
+            *(_hostfiles(nodes, facts, rendered_hostfile) if cluster.provisioned else []),
+            *_interfaces(cluster, nodes, facts),
             *_macs(cluster, nodes, facts),
             *_room(nodes, facts, need), *_jobs(cluster, facts, gathered.get("jobs", {}))]
 
@@ -411,9 +419,10 @@ def red_node_checks(cluster: Cluster, need: room.Need | None) -> list[Check]:
     return [c for c in diagnose(cluster, rendered, need, mpi_jobs=False) if not c.ok]
 
 
-# The kernel's count of processes its out-of-memory killer ended (Linux; none on macOS, whose
-# jetsam kills with SIGKILL, which a failed launch's exit status shows).
-OOM_KILLS = "awk '/^oom_kill /{print $2}' /proc/vmstat 2>/dev/null"
+# The count of processes killed for memory: Linux's out-of-memory killer's, else (macOS, no
+# /proc) the reports jetsam leaves of its kills. (The macOS branch is untested here: no Mac.)
+OOM_KILLS = ("awk '/^oom_kill /{print $2}' /proc/vmstat 2>/dev/null || "
+             "ls /Library/Logs/DiagnosticReports 2>/dev/null | grep -c '^JetsamEvent' || true")
 
 
 def oom_kills(cluster: Cluster, timeout: float = 20) -> dict[str, int | None]:
@@ -478,4 +487,20 @@ def run(rec: Recorded, model: str | None, as_json: bool = False, parallel: str =
     model_dir = Path(model) if model else inputs.checked_model(rec.cluster)
     need = room.for_run(rec.cluster, model_dir, parallel=parallel)
     checks = diagnose(rec.cluster, rec.rendered_hostfile, need)
+    checks += left_out(drained.read(rec.build).values(), checks)
     report(checks, rec.cluster, time.perf_counter() - start, as_json=as_json)
+
+
+def left_out(entries: Iterable[drained.Drained], checks: Sequence[Check]) -> list[Check]:
+    """A row per node left out of training after a fault (mlxcluster/describe/drained.py): red
+    while any of its checks is, green once they all pass (the next launch lets it back in)."""
+    rows = []
+    for entry in entries:
+        red = [c for c in checks if not c.ok and entry.node in c.nodes]
+        rows.append(Check(entry.node, "left out of training", not red,
+                          f"since {entry.at.replace('T', ' ')} by run {entry.run} ({entry.cause})"
+                          + ("; its checks pass: the next invoke train lets it back in" if not red
+                             else f"; {len(red)} of its checks fail"),
+                          "" if not red else "fix its red checks above; the next invoke train lets "
+                          "it back in once they pass"))
+    return rows

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -243,6 +243,22 @@ class Cluster:
         """One slot on each node that trains: ranks that share a node would talk through its
         memory, not over the cable (bench.links)."""
         return self._with_slots({n.name: 1 for n in self.training_nodes})
+
+    def without(self, names: Collection[str]) -> Cluster:
+        """The layout of the nodes left when `names` are left out (drained after a fault): they
+        are not in it at all, so that no launch, copy or check reaches them. When the launcher is
+        one of them, the first training node left launches (and gets the run's checkpoints). The
+        backend is chosen again for the nodes left (a ring of cables less one node is no ring)."""
+        nodes = tuple(n for n in self.nodes if n.name not in names)
+        training = [n for n in nodes if n.slots > 0]
+        if not training:
+            raise NotReady(f"no node that trains is left without {', '.join(sorted(names))}")
+        launcher = self.launcher if self.launcher not in names else training[0].name
+        cables = tuple(c for c in self.cables if not {e["host"] for e in c["ends"]} & set(names))
+        if nodes == self.nodes:
+            return self
+        return Cluster(launcher, nodes, cables, backend=None if self.cables else self.backend,
+                       provisioned=False)
 
     def only(self, node: Node) -> Cluster:
         """`node` alone, as its own launcher with one slot: a process run on it by itself."""

@@ -9,6 +9,7 @@ it syncs, launches with the output relayed (mlxcluster/launch/relay.py), records
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import shlex
 import subprocess
 import sys
@@ -19,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from mlxcluster import local
-from mlxcluster.check import doctor, room
+from mlxcluster.check import doctor, faults, room
+from mlxcluster.describe import drained
 from mlxcluster.describe.cluster import Cluster, Recorded, recorded
 from mlxcluster.errors import Interrupted, UserError
-from mlxcluster.jobs import flags
+from mlxcluster.jobs import flags, restarts
 from mlxcluster.launch import (
     batch_shares,
     builder,
@@ -45,7 +47,16 @@ from training.model.manifest import manifest_sha256
 
 
 class TrainFailed(UserError):
-    """The run failed; the message says which rank on which node, and how to go on."""
+    """The run failed; the message says which rank on which node, and how to go on. `fault`: its
+    cause and node (mlxcluster/check/faults.py), for a restart without that node."""
+
+    def __init__(self, message: str, code: int = 1, fault: faults.Fault | None = None, after: str = ""):
+        super().__init__(message + after, code)
+        self.fault, self.said, self.after = fault, message, after
+
+    def adding(self, words: str) -> TrainFailed:
+        """The same failure with `words` said after its cause (before where its files are)."""
+        return TrainFailed(f"{self.said}; {words}", self.code, self.fault, self.after)
 
 
 @dataclass(frozen=True)
@@ -97,6 +108,11 @@ class Plan:
     @property
     def results(self) -> Path:
         return RUNS / self.run_id
+
+    @property
+    def on_launcher(self) -> str:
+        """Where rank 0 writes the run: its folder on the launcher."""
+        return f"{self.cluster.head.runs_dir}/{self.run_id}"
 
     @property
     def marker(self) -> str:
@@ -267,24 +283,11 @@ def collect(plan: Plan, timeout: float | None = None) -> None:
                    stdin=subprocess.DEVNULL)
 
 
-def _why(plan: Plan, output: str, code: int | None, oom_before: Mapping[str, int | None],
-         frozen: Sequence[str] = ()) -> str:
-    oom_after = doctor.oom_kills(plan.cluster)
-    out_of_memory = doctor.ran_out_of_memory(oom_before, oom_after)
-    counted = [name for name, was in oom_before.items()
-               if was is not None and oom_after.get(name) is not None]
-    why = builder.describe_failure(plan.cluster, output, code, plan.request.parallel, out_of_memory, counted)
-    if frozen:
-        # The other ranks waited for it in a collective: theirs is the stall message, its the cause.
-        why += (f"; frozen: a rank's process on {', '.join(frozen)} was stopped (state T: SIGSTOP, "
-                "a debugger, a suspended job) while the others waited for it; the launcher's "
-                "teardown ended it. Look for what stops processes there")
-    elif relay.STALL_MESSAGE.decode() in output:
-        # A stall has a cause elsewhere (a node or link gone): the node checks name it.
-        red = doctor.red_node_checks(plan.cluster, None)
-        why += "; the nodes now: " + ("; ".join(f"{c.scope}: {c.name}: {c.detail}" for c in red)
-                                      if red else "all checks green")
-    return why
+def diagnose(plan: Plan, relayed: relay.Relayed, oom_before: Mapping[str, int | None]) -> faults.Fault:
+    """What stopped the run: its cause and node, from the launch's output and the nodes."""
+    return faults.diagnose(plan.cluster, relayed.output, relayed.code, plan.request.parallel,
+                           (oom_before, doctor.oom_kills(plan.cluster)), relayed.frozen,
+                           lambda: doctor.red_node_checks(plan.cluster, None))
 
 
 def shares_line(shared: batch_shares.Shares) -> str:
@@ -315,14 +318,19 @@ def execute(plan: Plan) -> Path:
     info = {**plan.record, "status": "running", "exit_code": None, "wall_time_s": None,
             "sync_s": round(time.perf_counter() - synced, 1)}
     if plan.resume:
-        attempts = runs.read_info(plan.results).get("attempts", 1)
+        before = runs.read_info(plan.results)
+        attempts = before.get("attempts", 1)
         info["attempts"] = (attempts if isinstance(attempts, int) else 1) + 1
+        if before.get("drained"):  # the nodes it went on without (mlxcluster/jobs/restarts.py)
+            info["drained"] = before["drained"]
     runs.write_info(plan.results, info)
     oom_before = doctor.oom_kills(plan.cluster)
+    pulls = sync.CheckpointPulls(plan.cluster.head, plan.on_launcher, plan.results)
     start = time.perf_counter()
     try:
-        relayed = relay.supervise(plan.cluster, plan.launch, plan.marker)
+        relayed = relay.supervise(plan.cluster, plan.launch, plan.marker, on_line=pulls)
     except KeyboardInterrupt:
+        pulls.wait(timeout=10)
         try:
             collect(plan, timeout=30)  # what arrived, if it comes quickly
         except subprocess.TimeoutExpired:
@@ -331,6 +339,7 @@ def execute(plan: Plan) -> Path:
                                               "wall_time_s": round(time.perf_counter() - start, 1)})
         raise Interrupted(f"interrupted: every rank of run {plan.run_id} was stopped"
                           f"{runs.resume_hint(plan.results)}") from None
+    pulls.wait()
     collect(plan)
     # summary.json is written last by rank 0: mlx.launch exits 0 even when a rank failed.
     finished = relayed.code == 0 and (plan.results / "summary.json").exists()
@@ -338,10 +347,10 @@ def execute(plan: Plan) -> Path:
                                           "exit_code": relayed.code,
                                           "wall_time_s": round(time.perf_counter() - start, 1)})
     if not finished:
-        why = _why(plan, relayed.output, relayed.code, oom_before, relayed.frozen)
-        raise TrainFailed(f"training failed (exit {relayed.code}): {why}; what arrived "
-                          f"is in {plan.results}{runs.resume_hint(plan.results)}",
-                          code=relayed.code or 1)
+        fault = diagnose(plan, relayed, oom_before)
+        raise TrainFailed(f"training failed (exit {relayed.code}): {fault.why}", code=relayed.code or 1,
+                          fault=fault, after=f"; what arrived is in {plan.results}"
+                          f"{runs.resume_hint(plan.results)}")
     if plan.shares and plan.shares.step_times:
         runs.add_step_times(plan.results, plan.shares.step_times)
     if not (plan.results / "loss.png").exists():
@@ -374,6 +383,8 @@ class Options:
     parallel: str | None = None  # data or tensor (None: the config's, data by default)
     resume: str | bool | None = None  # True: the latest unfinished run
     dry_run: bool = False
+    max_restarts: int | None = None  # after a node's fault (0: none; None: the default)
+    min_nodes: int | None = None  # the fewest nodes a run goes on with (None: 1)
 
 
 def _resumed(options: Options) -> tuple[str | None, Options]:
@@ -444,19 +455,80 @@ def calibration_for(rec: Recorded, model: Path, settings: FinetuneConfig) -> Map
 
 
 def train(inventory: str, options: Options) -> Path | None:
-    """invoke train: a new run, or a resumed one, on the recorded cluster; its runs/<id> (None:
-    dry run, which also plans on a cluster not provisioned yet)."""
+    """invoke train: a new run, or a resumed one, on the recorded cluster less the nodes left out;
+    its runs/<id> (None: dry run, which also plans on a cluster not provisioned yet). A node's
+    fault restarts it on the others (mlxcluster/jobs/restarts.py)."""
     rec, notes = preview.layout(inventory) if options.dry_run else (recorded(inventory), [])
+    policy = restarts.Policy(restarts.DEFAULT_MAX_RESTARTS if options.max_restarts is None
+                             else options.max_restarts, options.min_nodes or 1)
     resume_run, options = _resumed(options)
     if options.backend not in (None, "auto", *builder.BACKENDS):
         raise UserError(f"--backend must be auto, {', '.join(builder.BACKENDS)}, not {options.backend!r}")
+    if options.dry_run:  # touches no host: the nodes left out are shown, not checked
+        out = drained.read(rec.build)
+        layout = rec.cluster.without(out) if out else rec.cluster
+        notes += [f"{entry.line}: a run checks it first, and lets it back in if its checks pass"
+                  for entry in out.values()]
+    else:
+        layout = restarts.rejoined(rec)
+    policy.check_start(layout, rec.cluster)
     request = request_for(rec, options, fetch=not options.dry_run and not resume_run)
-    the_plan = plan(rec.cluster, request, run_id=resume_run or runs.new_id(),
+    the_plan = plan(layout, request, run_id=resume_run or runs.new_id(),
                     resume=resume_run is not None, inventory=rec.inventory)
     if options.dry_run:
         older = [f"note: {note}" for note in run_settings.older_names(request.config, request.overrides)]
         show(the_plan, [*notes, *pending_notes(request), *older])
         return None
-    doctor.preflight(rec.cluster, room.for_run(rec.cluster, request.model, parallel=request.parallel,
-                                               dequantize_ranks=the_plan.dequantize_ranks))
-    return execute(the_plan)
+    preflight(the_plan)
+    return go_on(rec, the_plan, options, policy)
+
+
+def preflight(the_plan: Plan) -> None:
+    """The checks of the nodes a plan launches on, with the memory and disk its model needs."""
+    cluster, request = the_plan.cluster, the_plan.request
+    doctor.preflight(cluster, room.for_run(cluster, request.model, parallel=request.parallel,
+                                           dequantize_ranks=the_plan.dequantize_ranks))
+
+
+def go_on(rec: Recorded, first: Plan, options: Options, policy: restarts.Policy) -> Path:
+    """Execute the plan; after a node's fault, leave the node out and restart the run from its
+    latest checkpoint on the nodes left, as `policy` allows."""
+    current = first
+    for restart in itertools.count(1):
+        try:
+            return execute(current)
+        except TrainFailed as failed:
+            fault = failed.fault
+            if fault is None or fault.node is None or not fault.goes_on_without_node:
+                raise
+            try:
+                left: Cluster | None = current.cluster.without({fault.node})
+            except UserError:
+                left = None
+            refusal = policy.refusal(restart - 1, left)
+            if not refusal:
+                assert left is not None and fault.cause is not None
+                try:
+                    current = restarted(rec, current, left, fault, options, policy, restart)
+                    continue
+                except UserError as error:
+                    refusal = str(error)
+            raise failed.adding(f"not restarted without {fault.node}: {refusal}") from None
+    raise AssertionError("unreachable")
+
+
+def restarted(rec: Recorded, current: Plan, left: Cluster, fault: faults.Fault, options: Options,
+              policy: restarts.Policy, restart: int) -> Plan:
+    """The plan that resumes `current`'s run on `left`, checked, with `fault.node` recorded as
+    left out; a UserError when it cannot (the run never trained, the nodes left fail their
+    checks, the model does not fit them)."""
+    assert fault.node is not None and fault.cause is not None
+    _, again = _resumed(dataclasses.replace(options, resume=current.run_id, config=None, data=None,
+                                            model=None))
+    # The backend as asked for (auto: the choice for the nodes left), not the one run.json recorded.
+    request = request_for(rec, dataclasses.replace(again, backend=options.backend), fetch=False)
+    the_plan = plan(left, request, run_id=current.run_id, resume=True, inventory=rec.inventory)
+    entry = restarts.left_out(rec, current.run_id, fault.node, fault.cause, fault.why)
+    print(restarts.restart_line(entry, left, restart, policy), flush=True)
+    preflight(the_plan)
+    return the_plan

@@ -368,6 +368,24 @@ def set_link(lab: Lab, i: int, up: bool) -> None:
     _run(["ip", "link", "set", f"mlab{lab.lab_id}t{i}", "up" if up else "down"])
 
 
+def processes(lab: Lab, i: int, program: bytes, python_only: bool = True) -> list[int]:
+    """Node ``i``'s processes whose command line holds `program` (with `python_only`, those whose
+    program is a python: a rank, not the mpirun or shell that names it). The nodes share the
+    machine's PID namespace, so a node's own are its network namespace's."""
+    listed = subprocess.run(["ip", "netns", "pids", lab.netns(i)], capture_output=True, text=True,
+                            check=False).stdout.split()
+    found = []
+    for pid in listed:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if program in b" ".join(argv) and (not python_only or Path(argv[0].decode(errors="replace"))
+                                           .name.startswith("python")):
+            found.append(int(pid))
+    return found
+
+
 def set_cable(lab: Lab, port: str, up: bool) -> None:
     """Unplug (up=False) or plug back a point-to-point cable at `port` ("node2:en3"): that end
     goes down, and the far end loses its carrier, as when a Thunderbolt cable is pulled."""

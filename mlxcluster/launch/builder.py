@@ -35,6 +35,9 @@ JACCL_HOSTS_FILE = "jaccl-hosts.json"  # written into the work directory at laun
 # A layout of fewer ranks than provisioned (bench.scaling's, bench.tensor's one process) cannot use
 # the provisioned hosts.json, which lists every node: its own is written there at launch.
 LAYOUT_HOSTS_FILE = "layout-hosts.json"
+# mpirun's of such a layout: the provisioned hostfile lists every node in inventory order, so -np 2
+# on node1, node2, node3 would place a rank on node2 even when the layout has node1 and node3.
+LAYOUT_HOSTFILE = "layout-hostfile"
 # Variables env.sh (roles/python_env) sets that every mpirun rank needs, per launcher OS.
 ENV_FILE_VARS = {
     "Debian": ("PATH", "VIRTUAL_ENV", "LD_PRELOAD"),
@@ -53,6 +56,8 @@ class Job:
       the launcher, no launcher program: see `backend_for`).
     ring_hosts_file: ring only: a file name in the work directory to write this layout's hosts
       file to, instead of using the rendered <cluster_root>/hosts.json.
+    hostfile: mpi only: a file name in the work directory to write this layout's hostfile to,
+      instead of using the rendered <cluster_root>/hostfile.
     mlx_envs: what mlx.launch exports on every rank, in a hosts file written at launch (a
       ring_hosts_file, or JACCL's).
     map_by_node: mpi only: rank i on the i-th node, whatever the hostfile's slots.
@@ -69,6 +74,7 @@ class Job:
     workdir: str | None = None  # default: the launcher's work directory
     map_by_node: bool = False
     ring_hosts_file: str | None = None
+    hostfile: str | None = None
     mlx_envs: Sequence[str] = ()
     env: Sequence[tuple[str, str]] = ()  # more variables every rank gets (invoke run's rendezvous)
     rank_setup: str = ""
@@ -145,7 +151,9 @@ def mpirun_command(cluster: Cluster, job: Job, env: Mapping[str, str]) -> list[s
     # Open MPI binds each rank to one core when np <= 2 (and to a socket above): a rank alone on
     # a Linux node would then run all its BLAS threads on a single core, and two nodes' ranks
     # sharing one box (the lab) would share core 0. Leave placement to the OS.
-    cmd += ["--hostfile", f"{head.cluster_root}/hostfile", "-np", str(cluster.world_size),
+    hostfile = (f"{job.workdir or head.work_dir}/{job.hostfile}" if job.hostfile
+                else f"{head.cluster_root}/hostfile")
+    cmd += ["--hostfile", hostfile, "-np", str(cluster.world_size),
             "--bind-to", "none"]
     if head.openmpi_prefix and head.os_family == "Darwin":
         # Non-interactive ssh on a Mac has no Homebrew on PATH: tell orted where it lives.
@@ -233,7 +241,12 @@ def command(cluster: Cluster, job: Job) -> list[str]:
     if job.backend == "ring" and not job.ring_hosts_file and not cluster.provisioned:
         job = dataclasses.replace(job, ring_hosts_file=LAYOUT_HOSTS_FILE)
     if job.backend == "mpi":
+        if not cluster.provisioned and not job.hostfile and not job.map_by_node:
+            job = dataclasses.replace(job, hostfile=LAYOUT_HOSTFILE)
         argv = mpirun_command(cluster, job, env)
+        if job.hostfile:
+            lines = shlex.quote("\n".join(cluster.hostfile_lines()))
+            prefix = f"printf '%s\\n' {lines} > {shlex.quote(f'{workdir}/{job.hostfile}')} && "
     elif job.backend in MLX_BACKENDS:
         argv = mlx_launch_command(cluster, job, env)
         # A hosts file of this layout's own, written where mlx.launch reads it.
@@ -320,6 +333,12 @@ def which_rank(cluster: Cluster, output: str) -> str | None:
             rank = int(match[1])
             return template.format(rank=rank, node=cluster.node_of_rank(rank), detail=match[2])
     return None
+
+
+def rank_error(output: str) -> bool:
+    """Whether a rank said why it failed (its error line, or a traceback): the run's own failure,
+    not a node's."""
+    return bool(_RANK_ERROR.search(output)) or "Traceback (most recent call last)" in output
 
 
 def killed(output: str, code: int | None = None) -> bool:

@@ -13,8 +13,10 @@ Each step is a (label, command) pair: plain data that `--dry-run` prints and `ru
 
 from __future__ import annotations
 
+import re
 import shlex
 import subprocess
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,12 +94,49 @@ def push_code(cluster: Cluster, training_dir: Path = TRAINING_CODE) -> list[Step
             for node in cluster.training_nodes]
 
 
-def pull(node: Node, src: str, dest: Path) -> list[str]:
+def pull(node: Node, src: str, dest: Path, excludes: tuple[str, ...] = ()) -> list[str]:
     """rsync a directory on `node` back to the controller."""
-    cmd = ["rsync", "-a"]
+    cmd = ["rsync", "-a", *(arg for pattern in excludes for arg in ("--exclude", pattern))]
     if (ssh := remote.rsync_ssh(node)) is not None:
         cmd += ["-e", ssh]
     return [*cmd, remote.remote_path(node, f"{src}/"), f"{dest}/"]
+
+
+class CheckpointPulls:
+    """Each checkpoint brought back to the controller as rank 0 reports it saved, in the
+    background: a launcher that is lost for good (powered off, not only unplugged) still leaves
+    the controller its latest checkpoint, which a restart on the other nodes (or --resume) sends
+    to the next launcher. One pull at a time; a save reported during one is pulled after it.
+    Hidden folders (a checkpoint still being written) stay behind."""
+
+    SAVED = re.compile(r"saved \S*checkpoints/\d{7}\s*$")
+
+    def __init__(self, node: Node, run_dir: str, results: Path):
+        self.command = pull(node, f"{run_dir}/checkpoints", results / "checkpoints", excludes=(".*",))
+        self._due, self._stop = threading.Event(), threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __call__(self, line: str) -> None:
+        """relay's on_line: a save reported starts (or queues) a pull."""
+        if not self.SAVED.search(line):
+            return
+        self._due.set()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._pulls, name="checkpoint-pulls", daemon=True)
+            self._thread.start()
+
+    def _pulls(self) -> None:
+        while not self._stop.is_set() or self._due.is_set():
+            if self._due.wait(timeout=0.2):
+                self._due.clear()
+                subprocess.run(self.command, cwd=REPO, capture_output=True, timeout=600,
+                               stdin=subprocess.DEVNULL)
+
+    def wait(self, timeout: float = 60) -> None:
+        """Let the pull under way (and one queued) end, before the run's results are collected."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
 
 
 def fan_out(cluster: Cluster, model: Shipment, path: str) -> list[Step]:

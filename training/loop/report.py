@@ -37,6 +37,15 @@ def loss_series(records: Iterable[Mapping[str, Any]], key: str) -> tuple[list[in
     return [i for i, _ in pairs], [v for _, v in pairs]
 
 
+def world_sizes(records: Sequence[Mapping[str, Any]]) -> list[int]:
+    """The numbers of ranks a run trained on, in order (one, unless it went on without a node)."""
+    sizes: list[int] = []
+    for record in records:
+        if (size := record.get("world_size", 1)) not in sizes[-1:]:
+            sizes.append(size)
+    return sizes or [1]
+
+
 def summarize(records: Sequence[Mapping[str, Any]], wall_time: float) -> dict[str, Any]:
     """The numbers a run ends with: losses, throughput, memory, ranks.
 
@@ -53,7 +62,9 @@ def summarize(records: Sequence[Mapping[str, Any]], wall_time: float) -> dict[st
     steady_tokens = trained_tokens - (train[0]["trained_tokens"] if len(train) > 1 else 0)
     return {
         "iterations": train[-1]["iteration"] if train else 0,
-        "world_size": records[0]["world_size"] if records else 1,
+        # The ranks it ended on; a run that went on without a node has had more than one number.
+        "world_size": records[-1]["world_size"] if records else 1,
+        "world_sizes": world_sizes(records),
         "first_train_loss": train[0]["train_loss"] if train else None,
         "final_train_loss": train[-1]["train_loss"] if train else None,
         "first_val_loss": val[0]["val_loss"] if val else None,
@@ -115,8 +126,8 @@ def plot_losses(records: Sequence[Mapping[str, Any]], output: Path, title: str |
     if not train_x and not val_x:
         raise ValueError("no train_loss or val_loss records to plot")
     if title is None:
-        world = records[0].get("world_size", 1)
-        title = f"LoRA fine-tuning on {world} rank{'s' if world != 1 else ''}"
+        sizes = world_sizes(records)
+        title = f"LoRA fine-tuning on {' then '.join(map(str, sizes))} rank{'s' if sizes != [1] else ''}"
     figure = Figure(figsize=(7, 4.2), layout="constrained")
     axes = figure.add_subplot()
     if train_x:

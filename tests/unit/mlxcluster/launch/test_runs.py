@@ -238,3 +238,25 @@ def test_an_error_of_on_line_stops_the_relayed_command_instead_of_waiting_for_it
     with pytest.raises(UserError, match="could not forward"):
         relay.relay(["bash", "-c", "echo ready; sleep 60"], on_line=on_line, stdin=subprocess.DEVNULL)
     assert time.monotonic() - started < 20
+
+
+def test_each_checkpoint_comes_back_as_it_is_saved_and_one_being_written_stays(tmp_path: Path):
+    """A launcher lost for good leaves the controller its latest checkpoint (sync.CheckpointPulls,
+    fed the lines rank 0 prints), real rsync from a local node."""
+    from mlxcluster.describe.cluster import Node
+    from mlxcluster.launch import sync
+
+    launcher = tmp_path / "launcher" / "run"
+    (launcher / "checkpoints" / "0000020").mkdir(parents=True)
+    (launcher / "checkpoints" / "0000020" / "state.json").write_text("{}")
+    (launcher / "checkpoints" / ".0000040.partial").mkdir()  # being written
+    results = tmp_path / "runs" / "run"
+    results.mkdir(parents=True)
+    pulls = sync.CheckpointPulls(Node("here", "127.0.0.1", 1, connection={"type": "local"}), str(launcher),
+                                 results)
+    pulls("iter 10/40  loss 2.0  lr 1.00e-03")  # not a save: nothing starts
+    assert pulls._thread is None
+    pulls(f"iter 20/40  saved {launcher}/checkpoints/0000020")
+    pulls.wait()
+    assert (results / "checkpoints" / "0000020" / "state.json").read_text() == "{}"
+    assert sorted(p.name for p in (results / "checkpoints").iterdir()) == ["0000020"]

@@ -24,6 +24,7 @@ def test_plot_and_summary_from_a_metrics_file(tmp_path: Path, capsys: pytest.Cap
     assert summary == {
         "iterations": 15,
         "world_size": 2,
+        "world_sizes": [2],
         "first_train_loss": 2.5,
         "final_train_loss": 2.0,
         "first_val_loss": 3.0,
@@ -35,6 +36,14 @@ def test_plot_and_summary_from_a_metrics_file(tmp_path: Path, capsys: pytest.Cap
         "peak_memory_gb": 1.5,
         "wall_time": 9.0,
     }
+
+
+def test_a_run_that_went_on_without_a_node_says_each_number_of_ranks_in_turn():
+    records = [{"iteration": i, "world_size": n, "peak_memory_gb": 0.1}
+               for i, n in ((5, 3), (20, 3), (25, 2), (30, 2))]
+    assert report.world_sizes(records) == [3, 2] and report.world_sizes([]) == [1]
+    summary = report.summarize(records, wall_time=1.0)
+    assert summary["world_size"] == 2 and summary["world_sizes"] == [3, 2]
 
 
 def test_report_errors_name_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]):

@@ -1,0 +1,103 @@
+"""What stopped a training run: one cause, the node it happened on, and what to do about it.
+
+A failed launch's output, the nodes' out-of-memory counts read before and after, the nodes where
+a rank was found frozen, and (when nothing else names a node) the node checks, are read into a
+`Fault`. Five causes are told apart, because each asks for something else:
+
+- out of memory: the node's count of out-of-memory kills rose (Linux's kernel, macOS's jetsam);
+  the run's settings are the cause, and the nodes left would each hold more: no restart.
+- killed: a rank killed by SIGKILL while its node's count did not rise (a kill -9, a supervisor,
+  a shutdown): the node goes, the run can go on without it.
+- frozen: a rank's process stopped (state T) while the others waited for it.
+- lost: a node whose link is down or which stops answering its ssh (its checks are red).
+- the run's own: a rank's error (a traceback, a setting it refused), or no node to blame: the
+  same run would fail again anywhere.
+
+A node is blamed only where the evidence names it; a fault without a node stops the run.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from mlxcluster.check.doctor import Check
+from mlxcluster.describe.cluster import Cluster
+from mlxcluster.launch import builder
+from mlxcluster.launch.relay import STALL_MESSAGE
+
+OUT_OF_MEMORY, KILLED, FROZEN, LOST = "out of memory", "killed", "frozen", "lost"
+# The causes a run can go on from without the node: the node's own, not the run's.
+NODE_CAUSES = (KILLED, FROZEN, LOST)
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Why a run stopped, as the failure message says it (`why`), and its cause and node when the
+    evidence names one (`cause` None: the run's own failure, or one no node can be blamed for)."""
+
+    why: str
+    cause: str | None = None
+    node: str | None = None
+
+    @property
+    def goes_on_without_node(self) -> bool:
+        """Whether the run can go on on the other nodes: the cause was the node's, not the run's."""
+        return self.node is not None and self.cause in NODE_CAUSES
+
+
+def blamed(cluster: Cluster, red: Sequence[Check]) -> str | None:
+    """The one node the red checks point at (None: none, or no single one). Its own checks count
+    twice a pair's (`node1 -> node2` names both ends): a node whose link is down fails its
+    interface check and every pair towards it; a node gone fails its ssh, and nothing else."""
+    names = {n.name for n in cluster.nodes}
+    score: Counter[str] = Counter()
+    for check in red:
+        for end in check.nodes:
+            if end in names:
+                score[end] += 2 if len(check.nodes) == 1 else 1
+    if not score:
+        return None
+    (first, most), *rest = score.most_common()
+    return None if rest and rest[0][1] == most else first
+
+
+def lost_line(node: str, red: Sequence[Check]) -> str:
+    """What a lost node's red checks say of it, as one clause."""
+    own = [c for c in red if c.nodes == [node]] or [c for c in red if node in c.nodes]
+    said = "; ".join(f"{c.name}: {c.detail}" for c in own[:3])
+    return (f"lost: {node} dropped off the cluster ({said}); the other ranks could not reach it. Look at "
+            f"its cable and power, then invoke doctor")
+
+
+def diagnose(cluster: Cluster, output: str, code: int | None, parallel: str,
+             oom: tuple[Mapping[str, int | None], Mapping[str, int | None]],
+             frozen: Sequence[str], red_checks: Callable[[], list[Check]]) -> Fault:
+    """The fault behind a failed launch: its `output` and exit `code`, the out-of-memory counts
+    (before, after), the `frozen` nodes, and the red node checks, asked for (`red_checks`) only
+    when the rest names no cause, since they take a few seconds."""
+    before, after = oom
+    out_of_memory = [name for name, was in before.items()
+                     if was is not None and (after.get(name) or 0) > was]
+    counted = [name for name, was in before.items() if was is not None and after.get(name) is not None]
+    why = builder.describe_failure(cluster, output, code, parallel, out_of_memory, counted)
+    if out_of_memory:
+        return Fault(why, OUT_OF_MEMORY, out_of_memory[0])
+    if builder.killed(output, code):
+        node = builder.killed_on(cluster, output, code)
+        # Where the count could not be read (macOS), a SIGKILL may be for memory: no restart.
+        return Fault(why, KILLED if node in counted else None, node)
+    if frozen:
+        # The other ranks waited for it in a collective: theirs is the stall message, its the cause.
+        return Fault(why + f"; frozen: a rank's process on {', '.join(frozen)} was stopped (state T: "
+                     "SIGSTOP, a debugger, a suspended job) while the others waited for it; the "
+                     "launcher's teardown ended it. Look for what stops processes there", FROZEN, frozen[0])
+    if STALL_MESSAGE.decode() in output or not builder.rank_error(output):
+        # A stall, or a launcher that lost a node: a node or link gone; the node checks name it.
+        red = red_checks()
+        if node := blamed(cluster, red):
+            return Fault(f"{why}; {lost_line(node, red)}", LOST, node)
+        return Fault(why + "; the nodes now: " + ("; ".join(f"{c.scope}: {c.name}: {c.detail}" for c in red)
+                                                  if red else "all checks green"))
+    return Fault(why)

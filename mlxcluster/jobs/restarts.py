@@ -1,0 +1,100 @@
+"""invoke train going on when a Mac drops out: the node is left out, the run restarts on the rest.
+
+A run that fails for a node's own cause (mlxcluster/check/faults.py: killed from outside, frozen,
+lost) is restarted, by default, from its latest checkpoint on the nodes left, with the same
+global batch: the batch shares are recomputed for them (mlxcluster/launch/batch_shares.py) and
+the batches are the seed's (training/data/batches.py), so the run ends with the adapters an
+uninterrupted one would have, within float rounding. A tensor-parallel run re-shards the
+checkpoint's whole arrays over the ranks left, once the model's heads divide among them and its
+shards fit their memory (the same checks as any launch; else it stops and says why and how much).
+
+The node is recorded as left out (mlxcluster/describe/drained.py) and stays out until its checks
+pass again: every launch first checks the nodes left out and lets the green ones back in.
+
+As torchrun's --max-restarts and --nnodes=MIN:MAX: at most `max_restarts` restarts, never on
+fewer than `min_nodes` nodes; --max-restarts 0 turns restarting off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from mlxcluster.check import doctor
+from mlxcluster.describe import drained
+from mlxcluster.describe.cluster import Cluster, Recorded
+from mlxcluster.errors import UserError
+from mlxcluster.launch import runs
+
+DEFAULT_MAX_RESTARTS = 3
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How far a run goes on after faults: restarts at most, and nodes at least."""
+
+    max_restarts: int = DEFAULT_MAX_RESTARTS
+    min_nodes: int = 1
+
+    def __post_init__(self) -> None:
+        if self.max_restarts < 0:
+            raise UserError(f"--max-restarts must be 0 (no restart) or more, not {self.max_restarts}")
+        if self.min_nodes < 1:
+            raise UserError(f"--min-nodes must be 1 or more, not {self.min_nodes}")
+
+    def refusal(self, restarts: int, left: Cluster | None) -> str:
+        """Why the run does not restart after `restarts` restarts on the layout `left` ("": it does)."""
+        if self.max_restarts == 0:
+            return "restarts are off (--max-restarts 0)"
+        if restarts >= self.max_restarts:
+            return f"it was restarted {restarts} time{'s' * (restarts != 1)} already (--max-restarts " \
+                   f"{self.max_restarts})"
+        nodes = len(left.training_nodes) if left else 0
+        if nodes < self.min_nodes:
+            return (f"{nodes} node{'s' * (nodes != 1)} would be left, fewer than --min-nodes "
+                    f"{self.min_nodes}")
+        return ""
+
+    def check_start(self, cluster: Cluster, recorded: Cluster) -> None:
+        """Refuse a run that starts on fewer nodes than it may go on with (`cluster`: the nodes
+        not left out of the `recorded` one)."""
+        if (have := len(cluster.training_nodes)) < self.min_nodes:
+            out = len(recorded.training_nodes) - have
+            raise UserError(f"--min-nodes {self.min_nodes}, but {have} node{'s' * (have != 1)} can train"
+                            + (f" now ({out} left out: invoke doctor says why)" if out else ""))
+
+
+def rejoined(rec: Recorded) -> Cluster:
+    """The layout to launch on: the recorded cluster without the nodes left out whose checks are
+    still red; the ones whose checks pass again rejoin (said, and removed from the record)."""
+    out = drained.read(rec.build)
+    if not out:
+        return rec.cluster
+    print(f"==> checking the node{'s' * (len(out) > 1)} left out: {', '.join(sorted(out))}", flush=True)
+    red = doctor.red_node_checks(rec.cluster, None)
+    still = {name for name in out if any(name in c.nodes for c in red)}
+    for entry in drained.rejoin(rec.build, set(out) - still):
+        print(f"==> {entry.node} rejoins: its checks pass again (it was left out by run {entry.run}: "
+              f"{entry.cause})", flush=True)
+    for name in sorted(still):
+        print(f"==> {out[name].line}; its checks still fail (invoke doctor shows them): training "
+              "without it", flush=True)
+    return rec.cluster.without(still)
+
+
+def left_out(rec: Recorded, run_id: str, fault_node: str, cause: str, why: str) -> drained.Drained:
+    """Record that run `run_id` goes on without `fault_node`: in the cluster's record and run.json."""
+    results = runs.RUNS / run_id
+    entry = drained.Drained.now(fault_node, cause, why, run_id, runs.latest_checkpoint(results))
+    drained.add(rec.build, entry)
+    info = runs.read_info(results)
+    runs.write_info(results, info | {"drained": [*info.get("drained", []), dataclasses.asdict(entry)]})
+    return entry
+
+
+def restart_line(entry: drained.Drained, left: Cluster, restart: int, policy: Policy) -> str:
+    where = f"its checkpoint at step {entry.step}" if entry.step is not None else "step 0 (no checkpoint yet)"
+    ranks = left.world_size
+    return (f"==> {entry.node} is left out ({entry.cause}); restarting run {entry.run} from {where} on "
+            f"{ranks} rank{'s' * (ranks != 1)} ({', '.join(n.name for n in left.training_nodes)}), "
+            f"restart {restart} of at most {policy.max_restarts}")

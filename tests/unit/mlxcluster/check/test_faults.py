@@ -1,0 +1,89 @@
+"""What stopped a run, and on which node (mlxcluster/check/faults.py): each cause told apart from
+launch outputs as mpirun and mlx.launch print them, and from the node checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlxcluster.check import faults
+from mlxcluster.check.doctor import Check
+from mlxcluster.describe.cluster import Cluster
+
+KILLED_ON_NODE2 = ("iter 3/50 loss 2.1\n"
+                   "mpirun noticed that process rank 1 with PID 4242 on node 10.0.0.2 exited on "
+                   "signal 9 (Killed).\n")
+STALLED = "iter 3/50 loss 2.1\nrank 0: error: no progress for 30 s (allowed 30 s): another rank is gone\n"
+TRACEBACK = ("rank 1: error: max_seq_length must be a positive whole number\n"
+             "Process name: [[123,1],1]\nExit code: 1\n")
+
+
+def three() -> Cluster:
+    return Cluster.from_json({"launcher": "node1", "nodes": [
+        {"name": f"node{i}", "thunderbolt_ip": f"10.0.0.{i}", "slots": 1} for i in (1, 2, 3)]})
+
+
+def never_asked() -> list[Check]:
+    raise AssertionError("the node checks were asked for although the output named the cause")
+
+
+def diagnose(output: str, code: int | None = 137, *, before=None, after=None, frozen=(), red=never_asked):
+    counts = {"node1": 0, "node2": 0, "node3": 0}
+    return faults.diagnose(three(), output, code, "data", (before or counts, after or counts), frozen, red)
+
+
+def test_an_outside_kill_names_the_node_and_lets_the_run_go_on_without_it():
+    fault = diagnose(KILLED_ON_NODE2)
+    assert (fault.cause, fault.node, fault.goes_on_without_node) == ("killed", "node2", True)
+    assert "killed from outside the run, not for memory" in fault.why
+
+
+def test_an_out_of_memory_kill_is_the_run_s_and_never_restarts():
+    fault = diagnose(KILLED_ON_NODE2, after={"node1": 0, "node2": 1, "node3": 0})
+    assert (fault.cause, fault.node, fault.goes_on_without_node) == ("out of memory", "node2", False)
+    assert "out of memory: the kernel's out-of-memory killer ended a process on node2" in fault.why
+
+
+def test_a_kill_where_the_count_cannot_be_read_may_be_memory_and_does_not_restart():
+    unknown = {"node1": None, "node2": None, "node3": None}
+    fault = diagnose(KILLED_ON_NODE2, before=unknown, after=unknown)
+    assert fault.node == "node2" and not fault.goes_on_without_node
+    assert "most often out of memory" in fault.why
+
+
+def test_a_frozen_rank_s_node_is_named_and_left_out():
+    fault = diagnose(STALLED, 1, frozen=["node3"])
+    assert (fault.cause, fault.node, fault.goes_on_without_node) == ("frozen", "node3", True)
+    assert "frozen: a rank's process on node3 was stopped" in fault.why
+
+
+def test_a_stall_with_a_node_s_link_down_names_that_node_as_lost():
+    red = [Check("node3", "interface bridge0", False, "down"),
+           Check("node1 -> node3", "ssh over the cluster link", False, "10.0.0.3: timed out"),
+           Check("node2 -> node3", "ssh over the cluster link", False, "10.0.0.3: timed out"),
+           Check("node3 -> node1", "ssh over the cluster link", False, "10.0.0.1: timed out")]
+    fault = diagnose(STALLED, 1, red=lambda: red)
+    assert (fault.cause, fault.node, fault.goes_on_without_node) == ("lost", "node3", True)
+    assert "lost: node3 dropped off the cluster (interface bridge0: down)" in fault.why
+
+
+def test_a_node_gone_altogether_is_lost_too():
+    red = [Check("node2", "management ssh", False, "ssh mlx@node2: No route to host")]
+    fault = diagnose("ssh: connect to host 10.0.0.2 port 22: No route to host\n", 255, red=lambda: red)
+    assert (fault.cause, fault.node) == ("lost", "node2")
+
+
+@pytest.mark.parametrize("red", [
+    [],  # all green: nobody to blame
+    [Check("node1 -> node2", "ssh over the cluster link", False, "x"),
+     Check("node2 -> node1", "ssh over the cluster link", False, "x")],  # a tie between two
+])
+def test_a_stall_that_no_single_node_explains_stops_the_run(red):
+    fault = diagnose(STALLED, 1, red=lambda: red)
+    assert fault.node is None and not fault.goes_on_without_node
+    assert "the nodes now: " in fault.why
+
+
+def test_a_rank_s_own_error_is_the_run_s_and_asks_no_node():
+    fault = diagnose(TRACEBACK, 1)
+    assert fault.cause is None and not fault.goes_on_without_node
+    assert fault.why.startswith("rank 1 on node2 exited with status 1")
