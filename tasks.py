@@ -20,6 +20,7 @@ from invoke.tasks import task as invoke_task
 
 from mlxcluster import devtools, local, paths
 from mlxcluster.bench import calibrate as bench_calibrate_module
+from mlxcluster.bench import faults as bench_faults_module
 from mlxcluster.bench import links as bench_links_module
 from mlxcluster.bench import overhead as bench_overhead_module
 from mlxcluster.bench import provision as bench_provision_module
@@ -473,11 +474,23 @@ def bench_calibrate(c, inventory=None, iters=None, batch_size=None, data=None, m
                                output=output)
 
 
+@task(name="faults", help=helps(
+    "output", id=SHARED_HELP["lab"], nodes="Lab hosts (default 3)",
+    iters="Steps of each run (default 40)", save_every="Steps between checkpoints (default 10)",
+    faults="Which, comma-separated: kill, freeze, unplug, controller (default: all)"))
+def bench_faults(c, nodes=None, iters=None, save_every=None, faults=None, id=None, output=None):
+    """A fresh lab; a run per fault on its last node (or the controller), a few steps after a
+    checkpoint: time to training again, steps lost, adapters against an uninterrupted run's."""
+    bench_faults_module.run(_whole(nodes, "--nodes", 2, 9) or 3, _whole(id, "--id", 0, 9) or 8,
+                            _whole(iters, "--iters") or 40, _whole(save_every, "--save-every") or 10,
+                            faults.split(",") if faults else bench_faults_module.FAULTS, output)
+
+
 ns = Collection(provision, hostfile, topology, doctor, train, run, serve, fuse, generate, lint, test,
                 Collection("lab", lab_up, lab_down, lab_status, lab_limit),
                 Collection("bench", bench_provision, bench_rehearsal, bench_train, bench_overhead,
                            bench_links, bench_scaling, bench_shares, bench_tensor, bench_calibrate,
-                           bench_serve),
+                           bench_serve, bench_faults),
                 Collection("data", data_prepare), Collection("model", model_fetch))
 ns.configure({"cluster": {"inventory": paths.DEFAULT_INVENTORY},
               "lab": {"id": 0, "nodes": 3}})

@@ -55,6 +55,7 @@ A rank with no finished step or validation batch for `stall_timeout` seconds sto
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -434,6 +435,14 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     except ConfigError as error:
         print(f"{prefix}error: {error}", file=sys.stderr, flush=True)
         return 2
+    except OSError as error:
+        if error.errno != errno.ENOSPC:
+            raise
+        # A checkpoint and every output file are written aside and renamed: what is there is whole.
+        print(f"{prefix}error: no space left on this node's disk ({error.filename or error}): the "
+              "checkpoints written before are whole; free space there, then go on with invoke train "
+              "--resume", file=sys.stderr, flush=True)
+        return 1
     except DistributedError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         if error.group is not None and error.group.size() > 1:

@@ -170,8 +170,9 @@ def named_in(output: str) -> Path | None:
     """The run folder an `invoke train` printed names in its summary table's title
     (summary_table's "run <id>"); None when it printed none."""
     for line in output.splitlines():
-        if line.strip().startswith("run 2"):
-            return RUNS / line.split()[-1]
+        words = line.split()
+        if len(words) == 2 and words[0] == "run" and words[1].startswith("2"):
+            return RUNS / words[1]
     return None
 
 

@@ -103,16 +103,17 @@ def pull(node: Node, src: str, dest: Path, excludes: tuple[str, ...] = ()) -> li
 
 
 class CheckpointPulls:
-    """Each checkpoint brought back to the controller as rank 0 reports it saved, in the
-    background: a launcher that is lost for good (powered off, not only unplugged) still leaves
-    the controller its latest checkpoint, which a restart on the other nodes (or --resume) sends
-    to the next launcher. One pull at a time; a save reported during one is pulled after it.
-    Hidden folders (a checkpoint still being written) stay behind."""
+    """The run's folder brought back to the controller each time rank 0 reports a checkpoint
+    saved, in the background: a launcher lost for good (powered off, not only unplugged), or a
+    controller killed before it collected, still leaves the controller the latest checkpoint and
+    the settings (config.yaml) that --resume and a restart on the other nodes go on from. One pull
+    at a time; a save reported during one is pulled after it. Hidden files (a checkpoint or a file
+    still being written) stay behind."""
 
     SAVED = re.compile(r"saved \S*checkpoints/\d{7}\s*$")
 
     def __init__(self, node: Node, run_dir: str, results: Path):
-        self.command = pull(node, f"{run_dir}/checkpoints", results / "checkpoints", excludes=(".*",))
+        self.command = pull(node, run_dir, results, excludes=(".*",))
         self._due, self._stop = threading.Event(), threading.Event()
         self._thread: threading.Thread | None = None
 

@@ -16,18 +16,27 @@ the run's own distributed group (`broadcast`), so they need no copy of the run d
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import mlx.core as mx
 
 from training import config, older_keys
-from training.loop.checkpoint_files import ADAPTERS, DIRECTORY, OPTIMIZER, STATE, file_digest, newest_whole
+from training.loop.checkpoint_files import (
+    ADAPTERS,
+    DIRECTORY,
+    OPTIMIZER,
+    STATE,
+    file_digest,
+    newest_whole,
+    safetensors_short,
+)
 
 # The settings that change what training computes: a checkpoint only resumes a run with the same.
 # (Reporting, validation and saving intervals, paths of outputs and grad_checkpoint do not.)
@@ -66,12 +75,37 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+def write_safetensors(path: Path, arrays: Mapping[str, mx.array]) -> None:
+    """mx.save_safetensors, with a failed write an OSError (ENOSPC when the disk is full). MLX
+    raises a RuntimeError ("[write] Unable to write ...") on a full file system, and nothing at
+    all on some failed writes (measured: to /dev/full), so the file is also checked against its
+    own header."""
+    try:
+        mx.save_safetensors(str(path), dict(arrays))
+    except RuntimeError as error:
+        if not str(error).startswith("[write]"):
+            raise
+        _write_failed(path, str(error))
+    if short := safetensors_short(path):
+        _write_failed(path, f"written short, {short}")
+
+
+def _write_failed(path: Path, how: str) -> NoReturn:
+    free = shutil.disk_usage(path.parent).free
+    raise OSError(errno.ENOSPC if free < (1 << 20) else errno.EIO,
+                  f"{path.name}: {how} ({free} bytes free there)", str(path))
+
+
 def save_safetensors(path: Path, arrays: Mapping[str, mx.array]) -> None:
     """Write `arrays` to `path` atomically: a reader sees the old file or the whole new one."""
     # mx.save_safetensors appends .safetensors to a name without it: keep the suffix last.
     partial = path.with_name(f".{path.stem}.partial.safetensors")
-    mx.save_safetensors(str(partial), dict(arrays))
-    _fsync(partial)
+    try:
+        write_safetensors(partial, arrays)
+        _fsync(partial)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     os.replace(partial, path)
 
 
@@ -88,13 +122,19 @@ def save(
     partial = root / f".{step:07d}.partial"
     shutil.rmtree(partial, ignore_errors=True)  # left by a writer that died
     partial.mkdir(parents=True)
-    mx.save_safetensors(str(partial / ADAPTERS), dict(adapters))
-    mx.save_safetensors(str(partial / OPTIMIZER), dict(optimizer_state))
-    # The arrays' digests: a resume tells a whole checkpoint from a truncated or overwritten one.
-    files = {name: file_digest(partial / name) for name in (ADAPTERS, OPTIMIZER)}
-    (partial / STATE).write_text(json.dumps({"step": step, **state, "files": files}, indent=2) + "\n")
-    for name in (ADAPTERS, OPTIMIZER, STATE):
-        _fsync(partial / name)
+    try:
+        write_safetensors(partial / ADAPTERS, adapters)
+        write_safetensors(partial / OPTIMIZER, optimizer_state)
+        # The arrays' digests: a resume tells a whole checkpoint from a truncated or overwritten one.
+        files = {name: file_digest(partial / name) for name in (ADAPTERS, OPTIMIZER)}
+        (partial / STATE).write_text(json.dumps({"step": step, **state, "files": files}, indent=2) + "\n")
+        for name in (ADAPTERS, OPTIMIZER, STATE):
+            _fsync(partial / name)
+    except BaseException:
+        # A full disk (or anything else) mid-write: the part written goes, giving its space back;
+        # the checkpoints before it are untouched.
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     if final.exists():
         # The same step from an earlier attempt of this run (resumed from before it): replaced.
         stale = root / f".{step:07d}.stale"

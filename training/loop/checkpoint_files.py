@@ -27,6 +27,21 @@ NAME = re.compile(r"\d{7}")
 REQUIRED = ("step", "random_key")
 
 
+def safetensors_short(path: Path) -> str | None:
+    """What is missing from a safetensors file that its own header says it holds (None: nothing):
+    a file written short, as MLX's writer leaves one on a full disk without an error."""
+    try:
+        with path.open("rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(size))
+    except (OSError, ValueError) as error:
+        return f"its header cannot be read ({error})"
+    end = max((value["data_offsets"][1] for key, value in header.items() if key != "__metadata__"),
+              default=0)
+    want, have = 8 + size + end, path.stat().st_size
+    return None if have >= want else f"{have} of its {want} bytes"
+
+
 def damage(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     """(state, None) for a whole checkpoint directory, else (None, what is wrong with it)."""
     try:

@@ -117,3 +117,16 @@ def test_the_run_record_keeps_the_nodes_it_went_on_without(tmp_path, monkeypatch
         {"node": "node2", "cause": "killed", "why": "killed from outside", "run": run.name,
          "at": entry.at, "step": None}]  # an empty checkpoint folder is no checkpoint
     assert drained.read(tmp_path / "build") == {"node2": entry}
+
+
+def test_a_ring_of_cables_less_one_node_is_no_ring_and_says_so():
+    """A ring of four Macs less node3 is a line: no backend of the links can run on it, which a
+    restart says instead of going on (a full mesh less one node is still one)."""
+    from tests.unit.mlxcluster.describe.test_links_layout import ring_of_four
+
+    ring = ring_of_four()
+    left = ring.without({"node3"})
+    assert [n.name for n in left.nodes] == ["node1", "node2", "node4"]
+    assert all("node3" not in json.dumps(cable) for cable in left.cables)
+    with pytest.raises(UserError, match="the cables make no ring through the nodes that train"):
+        builder.choice_for(left, None)

@@ -208,6 +208,8 @@ def test_the_run_folder_is_read_from_the_summary_table_invoke_train_prints():
     printed = "==> training on 2 ranks\n        run 20261125-094932        \n│ world_size │ 2 │\n"
     assert runs.named_in(printed) == runs.RUNS / "20261125-094932"
     assert runs.named_in("error: no model\n") is None
+    # A message that starts with a run's id is not the table's title.
+    assert runs.named_in("run 20261126-151026 stopped before it started training: start a new run\n") is None
 
 
 def test_a_finished_run_says_how_to_serve_and_fuse_it(tmp_path):
@@ -241,8 +243,9 @@ def test_an_error_of_on_line_stops_the_relayed_command_instead_of_waiting_for_it
 
 
 def test_each_checkpoint_comes_back_as_it_is_saved_and_one_being_written_stays(tmp_path: Path):
-    """A launcher lost for good leaves the controller its latest checkpoint (sync.CheckpointPulls,
-    fed the lines rank 0 prints), real rsync from a local node."""
+    """A launcher lost for good, or a controller killed, leaves the controller the latest checkpoint
+    and the settings (sync.CheckpointPulls, fed the lines rank 0 prints), real rsync from a local
+    node."""
     from mlxcluster.describe.cluster import Node
     from mlxcluster.launch import sync
 
@@ -252,6 +255,8 @@ def test_each_checkpoint_comes_back_as_it_is_saved_and_one_being_written_stays(t
     (launcher / "checkpoints" / ".0000040.partial").mkdir()  # being written
     results = tmp_path / "runs" / "run"
     results.mkdir(parents=True)
+    (launcher / "config.yaml").write_text("iters: 40\n")
+    (launcher / ".metrics.jsonl.partial").write_text("")  # being written
     pulls = sync.CheckpointPulls(Node("here", "127.0.0.1", 1, connection={"type": "local"}), str(launcher),
                                  results)
     pulls("iter 10/40  loss 2.0  lr 1.00e-03")  # not a save: nothing starts
@@ -260,3 +265,5 @@ def test_each_checkpoint_comes_back_as_it_is_saved_and_one_being_written_stays(t
     pulls.wait()
     assert (results / "checkpoints" / "0000020" / "state.json").read_text() == "{}"
     assert sorted(p.name for p in (results / "checkpoints").iterdir()) == ["0000020"]
+    # What --resume needs besides: the settings the run started with.
+    assert sorted(p.name for p in results.iterdir()) == ["checkpoints", "config.yaml"]

@@ -234,3 +234,53 @@ def test_a_damaged_checkpoint_is_passed_over_for_the_newest_whole_one_by_rank_an
     assert runs.latest_checkpoint(tmp_path) == 20  # the controller names the same step
     adapters, _ = checkpoint.load_arrays(found)
     assert adapters["a"].tolist()[0][0] == 20.0
+
+
+FULL_DISK = """
+import json, os, sys
+from pathlib import Path
+import mlx.core as mx
+from training.loop import checkpoint
+run = Path(sys.argv[1])
+arrays = {"w": mx.arange(2000, dtype=mx.float32)}
+checkpoint.save(run, 10, arrays, arrays, {"random_key": [0, 1]})
+filler = os.open(run / "filler", os.O_WRONLY | os.O_CREAT)  # the rest of the disk, taken
+try:
+    while True:
+        os.write(filler, b"x" * 4096)
+except OSError:
+    os.close(filler)
+try:
+    checkpoint.save(run, 20, arrays, arrays, {"random_key": [0, 1]})
+    print(json.dumps({"error": None}))
+except OSError as error:
+    print(json.dumps({"error": error.errno, "said": str(error),
+                      "left": sorted(p.name for p in (run / "checkpoints").iterdir()),
+                      "latest": checkpoint.latest(run).step}))
+"""
+
+
+def test_a_full_disk_while_a_checkpoint_is_written_keeps_the_one_before(tmp_path: Path):
+    """A real full disk (a 256 KiB tmpfs in a mount namespace of its own): MLX's writer does not
+    say that a write failed, so the file is checked against its own header; the checkpoint being
+    written is removed, giving its space back, and the one before it stays the latest."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    script = (f"mount -t tmpfs -o size=256k tmpfs {disk} && "
+              f"{sys.executable} -c '{FULL_DISK}' {disk}/run")
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True,
+                          cwd=REPO, stdin=subprocess.DEVNULL, timeout=120)
+    if "mount" in proc.stderr and proc.returncode != 0:
+        pytest.skip(f"no mount namespace here: {proc.stderr.strip()[-200:]}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    found = json.loads(proc.stdout.splitlines()[-1])
+    assert found["error"] == 28, found  # ENOSPC
+    assert found["left"] == ["0000010"] and found["latest"] == 10
+
+
+
+def test_a_write_mlx_does_not_report_failed_is_caught_by_the_file_s_own_header():
+    """MLX's writer says nothing when every write fails (/dev/full, a real device): the file is
+    read back against its header."""
+    with pytest.raises(OSError, match="full: written short, its header cannot be read"):
+        checkpoint.write_safetensors(Path("/dev/full"), {"w": mx.zeros((1000,))})

@@ -1,0 +1,302 @@
+"""`invoke bench.faults`: what a run goes through when a Mac drops out, fault by fault, on a lab.
+
+A fresh lab of N nodes on a bridge is provisioned and a stand-in model trains once without a
+fault: the reference. Then the same run is trained once per fault, the fault coming to the last
+node a few steps after a checkpoint (so that some work is lost, as it would be):
+
+- kill: SIGKILL to the node's rank (a kill -9, a supervisor);
+- freeze: SIGSTOP to the node's rank (a debugger, a suspended job);
+- unplug: the node's cluster link down (plugged back after the run);
+- disk: the launcher's disk filled mid-run (its runs on a tmpfs of their own, filled up): the run
+  stops naming it, the checkpoint before is kept; then, the space freed, `invoke train --resume`;
+- controller: the controller's own `invoke train` killed with SIGKILL; then `invoke train
+  --resume`, as a user would.
+
+For each: whether the nodes stopped, seconds from the fault to the run resuming (rank 0 loaded the
+checkpoint) and to its first step after that, the steps of work lost, the ranks it ended on, and
+the largest difference of its final adapters from the reference's. The first three go on without
+the node (`invoke train` restarts by itself); the fourth on every node, from the same checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlxcluster.bench import provision, results
+from mlxcluster.describe.cluster import recorded
+from mlxcluster.errors import UserError
+from mlxcluster.lab import hosts
+from mlxcluster.launch import remote, runs
+from mlxcluster.paths import REPO
+
+INVOKE = str(Path(sys.executable).parent / "invoke")
+FAULTS = ("kill", "freeze", "unplug", "disk", "controller")
+RANK = b"training.finetune"
+_STEP = re.compile(r"iter\s+(\d+)/(\d+)\s+loss")
+_RESUMED = re.compile(r"resuming from \S+ \(step (\d+) of \d+\)")
+# The restarted run's adapters against the uninterrupted one's: the same batches, averaged over
+# fewer ranks (measured about 5e-5 on the tiny stand-in).
+TOLERANCE = 1e-3
+
+
+@dataclass
+class Timeline:
+    """What `invoke train` printed, each line with when it arrived (time.monotonic())."""
+
+    lines: list[tuple[float, str]] = field(default_factory=list)
+
+    def steps_before(self, moment: float) -> int:
+        """The last step reported before `moment` (0: none)."""
+        found = [int(m[1]) for t, line in self.lines if t <= moment and (m := _STEP.search(line))]
+        return max(found, default=0)
+
+    def resumed_after(self, moment: float) -> tuple[float, int] | None:
+        """(when, from which step) the run resumed after `moment`; None if it did not."""
+        for t, line in self.lines:
+            if t > moment and (m := _RESUMED.search(line)):
+                return t, int(m[1])
+        return None
+
+    def first_step_after(self, moment: float) -> float | None:
+        return next((t for t, line in self.lines if t > moment and _STEP.search(line)), None)
+
+
+def measured(timeline: Timeline, fault_at: float, lost_from: int | None = None) -> dict[str, Any]:
+    """The figures of one fault from the output of the run (or runs) that went through it."""
+    before = timeline.steps_before(fault_at)
+    resumed = timeline.resumed_after(fault_at)
+    if resumed is None:
+        return {"last_step_before_fault": before, "resumed": False}
+    when, step = resumed
+    first = timeline.first_step_after(when)
+    last = lost_from if lost_from is not None else before
+    # Ranks that outlived a killed controller may have saved a later checkpoint before they stopped.
+    return {"last_step_before_fault": before, "resumed": True, "resumed_from_step": step,
+            "steps_lost": max(0, last - step), "steps_saved_after_fault": max(0, step - last),
+            "fault_to_resumed_s": round(when - fault_at, 1),
+            "fault_to_training_s": round(first - fault_at, 1) if first else None}
+
+
+def training(inventory: Path, model: Path, data: Path, settings: str, *flags: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [INVOKE, "train", "-i", str(inventory), "--model", str(model), "--data", str(data), *flags,
+         "--extra", settings],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+
+
+def follow(proc: subprocess.Popen[str], timeline: Timeline,
+           until: Callable[[str], bool] | None = None) -> None:
+    """Read the process's output into `timeline`, until a line satisfies `until` (or the end)."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        timeline.lines.append((time.monotonic(), line.rstrip("\n")))
+        if until is not None and until(line):
+            return
+
+
+def at_step(step: int) -> Callable[[str], bool]:
+    return lambda line: bool((m := _STEP.search(line)) and int(m[1]) >= step)
+
+
+def adapters_difference(a: Path, b: Path) -> float | None:
+    import mlx.core as mx
+
+    try:
+        first, second = mx.load(str(a / "adapters.safetensors")), mx.load(str(b / "adapters.safetensors"))
+    except (OSError, ValueError, RuntimeError):
+        return None
+    assert isinstance(first, dict) and isinstance(second, dict)
+    return max(mx.abs(first[k] - second[k]).max().item() for k in first)
+
+
+def ranks_left(lab: hosts.Lab, nodes: Sequence[int], timeout: float) -> dict[str, int]:
+    """Wait up to `timeout` s for every node's ranks to end: those still running, by node."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = {f"node{i}": len(hosts.processes(lab, i, RANK)) for i in nodes}
+        if not any(left.values()) or time.monotonic() > deadline:
+            return {name: n for name, n in left.items() if n}
+        time.sleep(0.5)
+
+
+def launcher_line(inventory: Path, line: str) -> None:
+    """A shell line run on the launcher, as root over its ssh (the lab's nodes log in as root)."""
+    head = recorded(str(inventory)).cluster.head
+    subprocess.run(remote.ssh_command(head, line), check=True, capture_output=True, timeout=120,
+                   stdin=subprocess.DEVNULL)
+
+
+def resume(inventory: Path, timeline: Timeline) -> subprocess.Popen[str]:
+    """`invoke train --resume`, as the user types it after a stop, followed to its end."""
+    proc = subprocess.Popen([INVOKE, "train", "-i", str(inventory), "--resume"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            stdin=subprocess.DEVNULL)
+    follow(proc, timeline)
+    proc.wait(timeout=60)
+    return proc
+
+
+def one_fault(fault: str, lab: hosts.Lab, inventory: Path, inputs: tuple[Path, Path], settings: str,
+              fault_step: int, reference: Path, nodes: int) -> dict[str, Any]:
+    """Train with `fault` coming at `fault_step`; the figures."""
+    victim = 1 if fault == "disk" else nodes  # the launcher's disk; else the last node
+    runs_dir = recorded(str(inventory)).cluster.head.runs_dir
+    found: dict[str, Any] = {"fault": fault,
+                             "node": "controller" if fault == "controller" else f"node{victim}"}
+    if fault == "disk":  # a disk of its own for the runs, to fill
+        launcher_line(inventory, f"mkdir -p {runs_dir} && mount -t tmpfs -o size=256m tmpfs {runs_dir}")
+    timeline = Timeline()
+    proc = training(inventory, *inputs, settings)
+    try:
+        follow(proc, timeline, at_step(fault_step))
+        fault_at = time.monotonic()
+        if fault in ("kill", "freeze"):
+            for pid in hosts.processes(lab, victim, RANK):
+                os.kill(pid, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+        elif fault == "unplug":
+            hosts.set_link(lab, victim, up=False)
+        elif fault == "controller":
+            proc.kill()
+        elif fault == "disk":
+            launcher_line(inventory, f"dd if=/dev/zero of={runs_dir}/filler bs=1M 2>/dev/null; true")
+        follow(proc, timeline)
+        proc.wait(timeout=60)
+        before = timeline.steps_before(fault_at)
+        if fault == "controller":
+            left = ranks_left(lab, range(1, nodes + 1), timeout=60)
+            found |= {"nodes_stopped": not left, "ranks_still_running": left,
+                      "nodes_stopped_s": round(time.monotonic() - fault_at, 1)}
+        if fault == "disk":
+            said = [line for _, line in timeline.lines if "no space left" in line]
+            found |= {"stopped": proc.returncode != 0, "said": said[-1] if said else None}
+            launcher_line(inventory, f"rm -f {runs_dir}/filler")
+        if fault in ("controller", "disk"):  # the user goes on
+            proc = resume(inventory, timeline)
+            found |= measured(timeline, fault_at, lost_from=before)
+        else:
+            found |= measured(timeline, fault_at)
+    finally:
+        proc.kill()
+        if fault == "unplug":
+            hosts.set_link(lab, victim, up=True)
+        for i in range(1, nodes + 1):  # a frozen rank the teardown missed, a run left behind
+            for pid in hosts.processes(lab, i, RANK):
+                with_signal(pid, signal.SIGKILL)
+        if fault == "disk":
+            launcher_line(inventory, f"umount {runs_dir}")
+    output = "\n".join(line for _, line in timeline.lines)
+    run = runs.named_in(output)
+    said = [line for line in output.splitlines() if line.startswith("==> ") and " left out " in line]
+    found |= {"finished": proc.returncode == 0 and run is not None, "exit": proc.returncode,
+              "restart_said": said[0] if said else None}
+    if run is not None:
+        found |= {"run": run.name, "world_sizes": _read(run / "summary.json").get("world_sizes"),
+                  "attempts": _read(run / "run.json").get("attempts"),
+                  "max_adapter_difference": adapters_difference(reference, run)}
+    else:
+        found["output"] = output[-1500:]
+    return found
+
+
+def with_signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def verdict(result: dict[str, Any]) -> list[str]:
+    """What went wrong, a line each (none: every fault was gone through)."""
+    wrong = []
+    for found in result["faults"]:
+        name = found["fault"]
+        if not found.get("finished"):
+            wrong.append(f"{name}: the run did not finish: {found.get('output', '')[-300:]}")
+            continue
+        if not found.get("resumed"):
+            wrong.append(f"{name}: the run never resumed from a checkpoint")
+        diff = found.get("max_adapter_difference")
+        if diff is None or diff > TOLERANCE:
+            wrong.append(f"{name}: final adapters {diff} from the uninterrupted run's (allowed {TOLERANCE})")
+        if name == "disk" and not (found.get("stopped") and found.get("said")):
+            wrong.append("disk: the full disk did not stop the run with its reason")
+        if name == "controller" and not found.get("nodes_stopped"):
+            wrong.append("controller: ranks ran on after invoke train was killed: "
+                         f"{found['ranks_still_running']}")
+    return wrong
+
+
+def run(nodes: int = 3, lab_id: int = 8, iters: int = 40, save_every: int = 10,
+        faults: Sequence[str] = FAULTS, output: str | None = None) -> Path:
+    """Every fault in `faults` on a fresh lab of `nodes` hosts; the JSON written."""
+    if nodes < 2:
+        raise UserError("--nodes: a fault on one of them needs at least 2 nodes")
+    if unknown := [f for f in faults if f not in FAULTS]:
+        raise UserError(f"--faults: {', '.join(unknown)} unknown; choose from {', '.join(FAULTS)}")
+    fault_step = save_every + save_every // 2  # half an interval of work is lost
+    if iters <= fault_step + 2:
+        raise UserError(f"--iters {iters}: the faults come at step {fault_step}; give at least "
+                        f"{fault_step + 3}")
+    settings = (f"--iters {iters} --batch-size {2 * nodes} --num-layers 1 --max-seq-length 256 "
+                f"--learning-rate 1e-3 --steps-per-report 1 --steps-per-eval {iters} --val-batches 1 "
+                f"--save-every {save_every} --stall-timeout 10")
+    with tempfile.TemporaryDirectory(prefix="mlx-faults-") as tmp, hosts.fresh(nodes, lab_id) as inventory:
+        lab = hosts.Lab(lab_id)
+        result: dict[str, Any] = {"benchmark": "faults", "date": results.date(), "nodes": nodes,
+                                  "iters": iters, "save_every": save_every, "fault_at_step": fault_step,
+                                  "settings": settings, "provision": provision.twice(inventory, nodes)}
+        inputs = stand_in(Path(tmp))
+        timeline = Timeline()
+        proc = training(inventory, *inputs, settings)
+        follow(proc, timeline)
+        reference = runs.named_in("\n".join(line for _, line in timeline.lines))
+        if proc.wait() != 0 or reference is None:
+            said = "\n".join(line for _, line in timeline.lines[-30:])
+            raise UserError(f"the uninterrupted run failed:\n{said}")
+        took = timeline.lines[-1][0] - timeline.lines[0][0]
+        result["reference"] = {"run": reference.name, "seconds": round(took, 1)}
+        result["faults"] = [one_fault(fault, lab, inventory, inputs, settings, fault_step, reference, nodes)
+                            for fault in faults]
+    result["wrong"] = verdict(result)
+    out = results.write("faults", result, output)
+    for found in result["faults"]:
+        print(f"{found['fault']:>10}: {'finished' if found.get('finished') else 'FAILED'} on "
+              f"{found.get('world_sizes')} ranks; training again {found.get('fault_to_training_s')} s after "
+              f"the fault, {found.get('steps_lost')} steps lost, adapters within "
+              f"{found.get('max_adapter_difference')}")
+    for line in result["wrong"]:
+        print(f"wrong: {line}")
+    print(f"wrote {out}")
+    if result["wrong"]:
+        raise UserError(f"a fault was not gone through: see {out}")
+    return out
+
+
+def stand_in(folder: Path) -> tuple[Path, Path]:
+    """A small stand-in model with its manifest, and the bundled demo data prepared."""
+    from training.data.prepare import prepare
+    from training.model import folder as model_folder
+    from training.model import stand_in as stand_ins
+
+    stand_ins.make(folder / "source", **stand_ins.shape_for(2))
+    model = model_folder.fetch(str(folder / "source"), folder / "stand-in", "float32")
+    prepare(REPO / "training" / "data" / "pirate.jsonl", folder / "pirate")
+    return model, folder / "pirate"
