@@ -14,8 +14,10 @@ node a few steps after a checkpoint (so that some work is lost, as it would be):
 
 For each: whether the nodes stopped, seconds from the fault to the run resuming (rank 0 loaded the
 checkpoint) and to its first step after that, the steps of work lost, the ranks it ended on, and
-the largest difference of its final adapters from the reference's. The first three go on without
-the node (`invoke train` restarts by itself); the fourth on every node, from the same checkpoint.
+against the reference: the loss of the first step after the resume (the same training: float
+rounding apart), the final loss and the largest difference of the final adapters. kill, freeze and
+unplug go on without the node (`invoke train` restarts by itself); disk and controller on every
+node, from the checkpoint they left, after `invoke train --resume`.
 """
 
 from __future__ import annotations
@@ -45,9 +47,12 @@ FAULTS = ("kill", "freeze", "unplug", "disk", "controller")
 RANK = b"training.finetune"
 _STEP = re.compile(r"iter\s+(\d+)/(\d+)\s+loss")
 _RESUMED = re.compile(r"resuming from \S+ \(step (\d+) of \d+\)")
-# The restarted run's adapters against the uninterrupted one's: the same batches, averaged over
-# fewer ranks (measured about 5e-5 on the tiny stand-in).
-TOLERANCE = 1e-3
+# The loss of the first step trained after a restart against the uninterrupted run's at that step:
+# the same batches from the same weights, summed over fewer ranks in another order (float rounding,
+# measured 2e-6). Later steps drift apart as those roundings compound (Adam turns a gradient's
+# rounding-sized difference into a step-sized one where the gradient is near zero): the final
+# adapters and losses are reported, not held to this.
+TOLERANCE = 1e-4
 
 
 @dataclass
@@ -107,6 +112,32 @@ def follow(proc: subprocess.Popen[str], timeline: Timeline,
 
 def at_step(step: int) -> Callable[[str], bool]:
     return lambda line: bool((m := _STEP.search(line)) and int(m[1]) >= step)
+
+
+def losses(run: Path) -> dict[int, float]:
+    """A run's train loss by step, from its metrics.jsonl."""
+    try:
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return {}
+    records = [json.loads(line) for line in lines if line.strip()]
+    return {r["iteration"]: r["train_loss"] for r in records if "train_loss" in r}
+
+
+def against_reference(run: Path, reference: Path, resumed_from: int | None) -> dict[str, Any]:
+    """How the run's training compares with the uninterrupted one's: the loss of the first step
+    after the resume, the final losses, and the adapters."""
+    mine, theirs = losses(run), losses(reference)
+    first = (resumed_from or 0) + 1
+    final = max(theirs, default=None)
+    return {
+        "first_step_after_resume": first,
+        "first_step_loss_difference": abs(mine[first] - theirs[first])
+        if first in mine and first in theirs else None,
+        "final_train_loss": mine.get(final) if final else None,
+        "final_train_loss_uninterrupted": theirs.get(final) if final else None,
+        "max_adapter_difference": adapters_difference(reference, run),
+    }
 
 
 def adapters_difference(a: Path, b: Path) -> float | None:
@@ -203,7 +234,7 @@ def one_fault(fault: str, lab: hosts.Lab, inventory: Path, inputs: tuple[Path, P
     if run is not None:
         found |= {"run": run.name, "world_sizes": _read(run / "summary.json").get("world_sizes"),
                   "attempts": _read(run / "run.json").get("attempts"),
-                  "max_adapter_difference": adapters_difference(reference, run)}
+                  **against_reference(run, reference, found.get("resumed_from_step"))}
     else:
         found["output"] = output[-1500:]
     return found
@@ -233,9 +264,10 @@ def verdict(result: dict[str, Any]) -> list[str]:
             continue
         if not found.get("resumed"):
             wrong.append(f"{name}: the run never resumed from a checkpoint")
-        diff = found.get("max_adapter_difference")
+        diff = found.get("first_step_loss_difference")
         if diff is None or diff > TOLERANCE:
-            wrong.append(f"{name}: final adapters {diff} from the uninterrupted run's (allowed {TOLERANCE})")
+            wrong.append(f"{name}: the first step after the resume has a loss {diff} from the "
+                         f"uninterrupted run's (allowed {TOLERANCE}): not the same training")
         if name == "disk" and not (found.get("stopped") and found.get("said")):
             wrong.append("disk: the full disk did not stop the run with its reason")
         if name == "controller" and not found.get("nodes_stopped"):
@@ -280,8 +312,10 @@ def run(nodes: int = 3, lab_id: int = 8, iters: int = 40, save_every: int = 10,
     for found in result["faults"]:
         print(f"{found['fault']:>10}: {'finished' if found.get('finished') else 'FAILED'} on "
               f"{found.get('world_sizes')} ranks; training again {found.get('fault_to_training_s')} s after "
-              f"the fault, {found.get('steps_lost')} steps lost, adapters within "
-              f"{found.get('max_adapter_difference')}")
+              f"the fault, {found.get('steps_lost')} steps lost; against the uninterrupted run: first "
+              f"step's loss {found.get('first_step_loss_difference')}, final loss "
+              f"{found.get('final_train_loss')} / {found.get('final_train_loss_uninterrupted')}, "
+              f"adapters {found.get('max_adapter_difference')}")
     for line in result["wrong"]:
         print(f"wrong: {line}")
     print(f"wrote {out}")

@@ -499,7 +499,7 @@ def go_on(rec: Recorded, first: Plan, options: Options, policy: restarts.Policy)
             return execute(current)
         except TrainFailed as failed:
             fault = failed.fault
-            if fault is None or fault.node is None or not fault.goes_on_without_node:
+            if fault is None or not fault.goes_on_without_node or fault.node is None:
                 raise
             try:
                 left: Cluster | None = current.cluster.without({fault.node})

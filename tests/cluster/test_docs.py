@@ -88,6 +88,10 @@ ELSEWHERE = {
                     "tests/cluster/test_train.py's",
     "bench.serve": "starts servers round after round (minutes): parsed only; its measures are "
                    "tests/unit/mlxcluster/bench/test_serve.py's, against a real server",
+    "bench.faults": "a fresh lab and six runs (minutes): parsed only; its figures and verdict are "
+                    "tests/unit/mlxcluster/bench/test_faults.py's, the restart it measures runs in "
+                    "tests/cluster/test_train.py::test_a_node_killed_mid_run_is_left_out_and_the_run_"
+                    "ends_on_the_other_as_if_uninterrupted",
 }
 
 # Documented commands that fail today although the docs are right: the code is to be fixed (then

@@ -40,15 +40,30 @@ def test_a_run_that_never_resumed_says_so():
 
 def test_the_verdict_names_each_fault_not_gone_through():
     result = {"faults": [
-        {"fault": "kill", "finished": True, "resumed": True, "max_adapter_difference": 3e-5},
+        {"fault": "kill", "finished": True, "resumed": True, "first_step_loss_difference": 2e-6},
         {"fault": "freeze", "finished": False, "output": "training failed"},
-        {"fault": "unplug", "finished": True, "resumed": True, "max_adapter_difference": 0.5},
-        {"fault": "controller", "finished": True, "resumed": True, "max_adapter_difference": 0.0,
+        {"fault": "unplug", "finished": True, "resumed": True, "first_step_loss_difference": 0.5},
+        {"fault": "controller", "finished": True, "resumed": True, "first_step_loss_difference": 0.0,
          "nodes_stopped": False, "ranks_still_running": {"node2": 1}}]}
     assert faults.verdict(result) == [
         "freeze: the run did not finish: training failed",
-        "unplug: final adapters 0.5 from the uninterrupted run's (allowed 0.001)",
+        "unplug: the first step after the resume has a loss 0.5 from the uninterrupted run's "
+        "(allowed 0.0001): not the same training",
         "controller: ranks ran on after invoke train was killed: {'node2': 1}"]
+
+
+def test_the_restarted_run_is_held_to_the_uninterrupted_one_at_the_first_step_it_trains(tmp_path):
+    for name, losses in (("reference", {10: 4.18, 11: 4.1963958, 40: 4.153}),
+                         ("restarted", {10: 4.18, 11: 4.1963939, 40: 4.172})):
+        (tmp_path / name).mkdir()
+        lines = [f'{{"iteration": {i}, "train_loss": {loss}}}' for i, loss in losses.items()]
+        lines.append('{"iteration": 0, "val_loss": 6.2}')
+        (tmp_path / name / "metrics.jsonl").write_text("\n".join(lines))
+    found = faults.against_reference(tmp_path / "restarted", tmp_path / "reference", 10)
+    assert found["first_step_after_resume"] == 11
+    assert found["first_step_loss_difference"] == pytest.approx(1.9e-6, abs=1e-8)
+    assert (found["final_train_loss"], found["final_train_loss_uninterrupted"]) == (4.172, 4.153)
+    assert found["max_adapter_difference"] is None  # no adapters written here
 
 
 @pytest.mark.parametrize(("args", "message"), [
