@@ -40,6 +40,7 @@ from mlxcluster.describe.cluster import recorded
 from mlxcluster.errors import UserError
 from mlxcluster.lab import hosts
 from mlxcluster.launch import remote, runs
+from mlxcluster.launch.parallel import flags as parallel_flags
 from mlxcluster.paths import REPO
 
 INVOKE = str(Path(sys.executable).parent / "invoke")
@@ -179,8 +180,8 @@ def resume(inventory: Path, timeline: Timeline) -> subprocess.Popen[str]:
 
 
 def one_fault(fault: str, lab: hosts.Lab, inventory: Path, inputs: tuple[Path, Path], settings: str,
-              fault_step: int, reference: Path, nodes: int) -> dict[str, Any]:
-    """Train with `fault` coming at `fault_step`; the figures."""
+              fault_step: int, reference: Path, nodes: int, flags: Sequence[str] = ()) -> dict[str, Any]:
+    """Train with `fault` coming at `fault_step` (invoke train's `flags` added); the figures."""
     victim = 1 if fault == "disk" else nodes  # the launcher's disk; else the last node
     runs_dir = recorded(str(inventory)).cluster.head.runs_dir
     found: dict[str, Any] = {"fault": fault,
@@ -188,7 +189,7 @@ def one_fault(fault: str, lab: hosts.Lab, inventory: Path, inputs: tuple[Path, P
     if fault == "disk":  # a disk of its own for the runs, to fill
         launcher_line(inventory, f"mkdir -p {runs_dir} && mount -t tmpfs -o size=256m tmpfs {runs_dir}")
     timeline = Timeline()
-    proc = training(inventory, *inputs, settings)
+    proc = training(inventory, *inputs, settings, *flags)
     try:
         follow(proc, timeline, at_step(fault_step))
         fault_at = time.monotonic()
@@ -228,7 +229,7 @@ def one_fault(fault: str, lab: hosts.Lab, inventory: Path, inputs: tuple[Path, P
             launcher_line(inventory, f"umount {runs_dir}")
     output = "\n".join(line for _, line in timeline.lines)
     run = runs.named_in(output)
-    said = [line for line in output.splitlines() if line.startswith("==> ") and " left out " in line]
+    said = [line for line in output.splitlines() if line.startswith("==> ") and " is left out (" in line]
     found |= {"finished": proc.returncode == 0 and run is not None, "exit": proc.returncode,
               "restart_said": said[0] if said else None}
     if run is not None:
@@ -277,8 +278,11 @@ def verdict(result: dict[str, Any]) -> list[str]:
 
 
 def run(nodes: int = 3, lab_id: int = 8, iters: int = 40, save_every: int = 10,
-        faults: Sequence[str] = FAULTS, output: str | None = None) -> Path:
-    """Every fault in `faults` on a fresh lab of `nodes` hosts; the JSON written."""
+        faults: Sequence[str] = FAULTS, output: str | None = None, parallel: str = "data") -> Path:
+    """Every fault in `faults` on a fresh lab of `nodes` hosts, training in `parallel` mode (data,
+    or tensor: the stand-in's heads divide among every count of ranks a fault leaves); the JSON
+    written."""
+    parallel_flags(parallel)  # refuses another word
     if nodes < 2:
         raise UserError("--nodes: a fault on one of them needs at least 2 nodes")
     if unknown := [f for f in faults if f not in FAULTS]:
@@ -293,11 +297,14 @@ def run(nodes: int = 3, lab_id: int = 8, iters: int = 40, save_every: int = 10,
     with tempfile.TemporaryDirectory(prefix="mlx-faults-") as tmp, hosts.fresh(nodes, lab_id) as inventory:
         lab = hosts.Lab(lab_id)
         result: dict[str, Any] = {"benchmark": "faults", "date": results.date(), "nodes": nodes,
-                                  "iters": iters, "save_every": save_every, "fault_at_step": fault_step,
+                                  "parallel": parallel, "iters": iters, "save_every": save_every,
+                                  "fault_at_step": fault_step,
                                   "settings": settings, "provision": provision.twice(inventory, nodes)}
-        inputs = stand_in(Path(tmp))
+        # Tensor parallel: heads that divide among the nodes, and among the nodes a fault leaves.
+        inputs = stand_in(Path(tmp), nodes * (nodes - 1) if parallel == "tensor" else 2)
+        flags = ("--parallel", parallel)
         timeline = Timeline()
-        proc = training(inventory, *inputs, settings)
+        proc = training(inventory, *inputs, settings, *flags)
         follow(proc, timeline)
         reference = runs.named_in("\n".join(line for _, line in timeline.lines))
         if proc.wait() != 0 or reference is None:
@@ -305,32 +312,27 @@ def run(nodes: int = 3, lab_id: int = 8, iters: int = 40, save_every: int = 10,
             raise UserError(f"the uninterrupted run failed:\n{said}")
         took = timeline.lines[-1][0] - timeline.lines[0][0]
         result["reference"] = {"run": reference.name, "seconds": round(took, 1)}
-        result["faults"] = [one_fault(fault, lab, inventory, inputs, settings, fault_step, reference, nodes)
-                            for fault in faults]
+        result["faults"] = [one_fault(fault, lab, inventory, inputs, settings, fault_step, reference, nodes,
+                                      flags) for fault in faults]
     result["wrong"] = verdict(result)
-    out = results.write("faults", result, output)
-    for found in result["faults"]:
-        print(f"{found['fault']:>10}: {'finished' if found.get('finished') else 'FAILED'} on "
-              f"{found.get('world_sizes')} ranks; training again {found.get('fault_to_training_s')} s after "
-              f"the fault, {found.get('steps_lost')} steps lost; against the uninterrupted run: first "
-              f"step's loss {found.get('first_step_loss_difference')}, final loss "
-              f"{found.get('final_train_loss')} / {found.get('final_train_loss_uninterrupted')}, "
-              f"adapters {found.get('max_adapter_difference')}")
-    for line in result["wrong"]:
-        print(f"wrong: {line}")
-    print(f"wrote {out}")
-    if result["wrong"]:
-        raise UserError(f"a fault was not gone through: see {out}")
-    return out
+    summary = "\n".join(
+        f"{found['fault']:>10}: {'finished' if found.get('finished') else 'FAILED'} on "
+        f"{found.get('world_sizes')} ranks; training again {found.get('fault_to_training_s')} s after "
+        f"the fault, {found.get('steps_lost')} steps lost; against the uninterrupted run: first "
+        f"step's loss {found.get('first_step_loss_difference')}, final loss "
+        f"{found.get('final_train_loss')} / {found.get('final_train_loss_uninterrupted')}, "
+        f"adapters {found.get('max_adapter_difference')}" for found in result["faults"])
+    return results.held("faults", result, output, summary, "a fault was not gone through")
 
 
-def stand_in(folder: Path) -> tuple[Path, Path]:
-    """A small stand-in model with its manifest, and the bundled demo data prepared."""
+def stand_in(folder: Path, ranks: int = 2) -> tuple[Path, Path]:
+    """A small stand-in model that shards across `ranks` (and each count that divides it), with
+    its manifest, and the bundled demo data prepared."""
     from training.data.prepare import prepare
     from training.model import folder as model_folder
     from training.model import stand_in as stand_ins
 
-    stand_ins.make(folder / "source", **stand_ins.shape_for(2))
+    stand_ins.make(folder / "source", **stand_ins.shape_for(ranks))
     model = model_folder.fetch(str(folder / "source"), folder / "stand-in", "float32")
     prepare(REPO / "training" / "data" / "pirate.jsonl", folder / "pirate")
     return model, folder / "pirate"

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from mlxcluster.bench import provision, results
-from mlxcluster.errors import UserError
 from mlxcluster.lab import hosts
 from mlxcluster.launch import runs
 from mlxcluster.paths import REPO
@@ -126,20 +125,14 @@ def run(nodes: int = 8, cables: str = "ring", lab_id: int = 8, steps: int = 3,
         model = stand_in_model(Path(tmp), nodes)
         result["tensor"] = tensor(inventory, model, steps, Path(tmp) / "tensor.json")
     result["wrong"] = verdict(result)
-    out = results.write("rehearsal", result, output)
     p, d, t, m, s = (result[k] for k in ("provision", "doctor", "train", "train_mpi", "tensor"))
-    print(f"{nodes} nodes cabled as a {cables}:\n"
-          f"  provision: first {p['first_run_s']} s, second {p['second_run_s']} s "
-          f"(changed {p['changed_second_run']})\n"
-          f"  doctor: {d.get('passed')} of {d.get('checks')} green in {d['seconds']} s; "
-          f"pairs {d.get('pairs_by_route')}\n"
-          f"  train: {t.get('world_size')} ranks with {t.get('backend')} in {t['seconds']} s\n"
-          f"  --backend mpi: {'trained' if m['ok'] else 'refused: ' + m.get('said', '')}\n"
-          f"  tensor on {s.get('ranks')} ranks: largest loss difference to one process "
-          f"{s.get('max_train_loss_difference')} (train), {s.get('max_val_loss_difference')} (val)")
-    for line in result["wrong"]:
-        print(f"wrong: {line}")
-    print(f"wrote {out}")
-    if result["wrong"]:
-        raise UserError(f"the rehearsal on {nodes} nodes failed: see {out}")
-    return out
+    summary = (f"{nodes} nodes cabled as a {cables}:\n"
+               f"  provision: first {p['first_run_s']} s, second {p['second_run_s']} s "
+               f"(changed {p['changed_second_run']})\n"
+               f"  doctor: {d.get('passed')} of {d.get('checks')} green in {d['seconds']} s; "
+               f"pairs {d.get('pairs_by_route')}\n"
+               f"  train: {t.get('world_size')} ranks with {t.get('backend')} in {t['seconds']} s\n"
+               f"  --backend mpi: {'trained' if m['ok'] else 'refused: ' + m.get('said', '')}\n"
+               f"  tensor on {s.get('ranks')} ranks: largest loss difference to one process "
+               f"{s.get('max_train_loss_difference')} (train), {s.get('max_val_loss_difference')} (val)")
+    return results.held("rehearsal", result, output, summary, f"the rehearsal on {nodes} nodes failed")

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from mlxcluster.errors import UserError
 from mlxcluster.paths import BENCH_RESULTS
 
 
@@ -26,4 +27,18 @@ def write(name: str, result: dict[str, Any], output: str | Path | None = None,
     out = Path(output) if output else BENCH_RESULTS / f"{name}-{when or stamp()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
+    return out
+
+
+def held(name: str, result: dict[str, Any], output: str | Path | None, summary: str, failed: str) -> Path:
+    """The end of a benchmark that holds its results to a verdict (result["wrong"]: what fell
+    short): write them, print `summary` and each wrong line; a UserError saying `failed` when
+    anything was wrong, after the file is written."""
+    out = write(name, result, output)
+    print(summary)
+    for line in result["wrong"]:
+        print(f"wrong: {line}")
+    print(f"wrote {out}")
+    if result["wrong"]:
+        raise UserError(f"{failed}: see {out}")
     return out

@@ -419,35 +419,6 @@ def red_node_checks(cluster: Cluster, need: room.Need | None) -> list[Check]:
     return [c for c in diagnose(cluster, rendered, need, mpi_jobs=False) if not c.ok]
 
 
-# The count of processes killed for memory: Linux's out-of-memory killer's, else (macOS, no
-# /proc) the reports jetsam leaves of its kills. (The macOS branch is untested here: no Mac.)
-OOM_KILLS = ("awk '/^oom_kill /{print $2}' /proc/vmstat 2>/dev/null || "
-             "ls /Library/Logs/DiagnosticReports 2>/dev/null | grep -c '^JetsamEvent' || true")
-
-
-def oom_kills(cluster: Cluster, timeout: float = 20) -> dict[str, int | None]:
-    """Each training node's count of out-of-memory kills (None: unknown), read at once: read
-    before and after a run, a rise names the nodes that ran out of memory."""
-
-    def count(node: Node) -> int | None:
-        try:
-            proc = subprocess.run(remote.ssh_command(node, OOM_KILLS, connect_timeout=5), capture_output=True,
-                                  text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            return None
-        return int(proc.stdout) if proc.returncode == 0 and proc.stdout.strip().isdigit() else None
-
-    nodes = cluster.training_nodes
-    with ThreadPoolExecutor(max_workers=max(len(nodes), 1)) as pool:
-        return dict(zip((n.name for n in nodes), pool.map(count, nodes), strict=True))
-
-
-def ran_out_of_memory(before: Mapping[str, int | None], after: Mapping[str, int | None]) -> list[str]:
-    """The nodes whose out-of-memory kills rose between the two readings."""
-    return [name for name, was in before.items()
-            if was is not None and (after.get(name) or 0) > was]
-
-
 def preflight(cluster: Cluster, need: room.Need | None) -> None:
     """invoke doctor's per-node checks (not its MPI jobs: the launch is one): stop on any red."""
     from rich.console import Console
@@ -491,12 +462,17 @@ def run(rec: Recorded, model: str | None, as_json: bool = False, parallel: str =
     report(checks, rec.cluster, time.perf_counter() - start, as_json=as_json)
 
 
+def red_for(node: str, checks: Iterable[Check]) -> list[Check]:
+    """The red checks that name `node`: its own, and those of the pairs it is an end of."""
+    return [c for c in checks if not c.ok and node in c.nodes]
+
+
 def left_out(entries: Iterable[drained.Drained], checks: Sequence[Check]) -> list[Check]:
     """A row per node left out of training after a fault (mlxcluster/describe/drained.py): red
     while any of its checks is, green once they all pass (the next launch lets it back in)."""
     rows = []
     for entry in entries:
-        red = [c for c in checks if not c.ok and entry.node in c.nodes]
+        red = red_for(entry.node, checks)
         rows.append(Check(entry.node, "left out of training", not red,
                           f"since {entry.at.replace('T', ' ')} by run {entry.run} ({entry.cause})"
                           + ("; its checks pass: the next invoke train lets it back in" if not red

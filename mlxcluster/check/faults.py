@@ -18,13 +18,16 @@ A node is blamed only where the evidence names it; a fault without a node stops 
 
 from __future__ import annotations
 
+import subprocess
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from mlxcluster.check.doctor import Check
-from mlxcluster.describe.cluster import Cluster
-from mlxcluster.launch import builder
+from mlxcluster.describe.cluster import Cluster, Node
+from mlxcluster.errors import UserError
+from mlxcluster.launch import builder, remote
 from mlxcluster.launch.relay import STALL_MESSAGE
 
 OUT_OF_MEMORY, KILLED, FROZEN, LOST = "out of memory", "killed", "frozen", "lost"
@@ -45,6 +48,48 @@ class Fault:
     def goes_on_without_node(self) -> bool:
         """Whether the run can go on on the other nodes: the cause was the node's, not the run's."""
         return self.node is not None and self.cause in NODE_CAUSES
+
+
+class TrainFailed(UserError):
+    """The run failed; the message says which rank on which node, and how to go on. `fault`: its
+    cause and node, for a restart without that node (mlxcluster/jobs/restarts.py)."""
+
+    def __init__(self, message: str, code: int = 1, fault: Fault | None = None, after: str = ""):
+        super().__init__(message + after, code)
+        self.fault, self.said, self.after = fault, message, after
+
+    def adding(self, words: str) -> TrainFailed:
+        """The same failure with `words` said after its cause (before where its files are)."""
+        return TrainFailed(f"{self.said}; {words}", self.code, self.fault, self.after)
+
+
+# The count of processes killed for memory: Linux's out-of-memory killer's, else (macOS, no
+# /proc) the reports jetsam leaves of its kills. (The macOS branch is untested here: no Mac.)
+OOM_KILLS = ("awk '/^oom_kill /{print $2}' /proc/vmstat 2>/dev/null || "
+             "ls /Library/Logs/DiagnosticReports 2>/dev/null | grep -c '^JetsamEvent' || true")
+
+
+def oom_kills(cluster: Cluster, timeout: float = 20) -> dict[str, int | None]:
+    """Each training node's count of out-of-memory kills (None: unknown), read at once: read
+    before and after a run, a rise names the nodes that ran out of memory."""
+
+    def count(node: Node) -> int | None:
+        try:
+            proc = subprocess.run(remote.ssh_command(node, OOM_KILLS, connect_timeout=5), capture_output=True,
+                                  text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return None
+        return int(proc.stdout) if proc.returncode == 0 and proc.stdout.strip().isdigit() else None
+
+    nodes = cluster.training_nodes
+    with ThreadPoolExecutor(max_workers=max(len(nodes), 1)) as pool:
+        return dict(zip((n.name for n in nodes), pool.map(count, nodes), strict=True))
+
+
+def ran_out_of_memory(before: Mapping[str, int | None], after: Mapping[str, int | None]) -> list[str]:
+    """The nodes whose out-of-memory kills rose between the two readings."""
+    return [name for name, was in before.items()
+            if was is not None and (after.get(name) or 0) > was]
 
 
 def blamed(cluster: Cluster, red: Sequence[Check]) -> str | None:
@@ -78,8 +123,7 @@ def diagnose(cluster: Cluster, output: str, code: int | None, parallel: str,
     (before, after), the `frozen` nodes, and the red node checks, asked for (`red_checks`) only
     when the rest names no cause, since they take a few seconds."""
     before, after = oom
-    out_of_memory = [name for name, was in before.items()
-                     if was is not None and (after.get(name) or 0) > was]
+    out_of_memory = ran_out_of_memory(before, after)
     counted = [name for name, was in before.items() if was is not None and after.get(name) is not None]
     why = builder.describe_failure(cluster, output, code, parallel, out_of_memory, counted)
     if out_of_memory:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from mlxcluster.describe.topology import Cable, is_full_mesh, ring_order
+from mlxcluster.describe.topology import Cable, gaps_of, is_full_mesh, ring_order, ring_over_gaps
 
 RDMA_HOWTO = ("enable RDMA once per Mac: in macOS Recovery, Terminal, `rdma_ctl enable`, then "
               "restart (macOS 26.2 or later, Thunderbolt 5)")
@@ -45,8 +45,11 @@ def rdma_missing(training: Sequence[str], links: Sequence[Cable],
 
 
 def choose(mode: str, training: Sequence[str], links: Sequence[Cable],
-           rdma: Mapping[str, Sequence[str] | None]) -> Choice:
-    """The backend `--backend auto` means for this cluster, and why."""
+           rdma: Mapping[str, Sequence[str] | None], *, close_over_management: bool = False) -> Choice:
+    """The backend `--backend auto` means for this cluster, and why. `close_over_management`: the
+    nodes a fault left (Cluster.without), whose cables may make a line where they made a ring:
+    MLX's ring then runs over them and closes over the management network, rather than not at
+    all (JACCL has no RDMA there)."""
     if mode != "links":
         return Choice("mpi", "one network joins every node (thunderbolt_topology: bridge), which "
                              "MPI uses; per-cable networks (links) allow ring and JACCL")
@@ -63,6 +66,10 @@ def choose(mode: str, training: Sequence[str], links: Sequence[Cable],
                                     "port has RDMA")
     if ring:
         return Choice("ring", f"the cables make a ring; {_no_jaccl(training, missing, rdma)}")
+    if close_over_management and (order := ring_over_gaps(training, used)):
+        gaps = ", ".join(" and ".join(sorted(gap, key=training.index)) for gap in gaps_of(order, used))
+        return Choice("ring", f"the cables of the nodes left make no ring: MLX's ring closes it over "
+                              f"the management network between {gaps}, at that network's speed")
     raise ValueError(f"the cables make no ring through the nodes that train ({', '.join(training)})")
 
 

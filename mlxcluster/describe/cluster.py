@@ -126,6 +126,9 @@ class Cluster:
     # The nodes and slots as provisioned, whose hostfiles are on the nodes; False for a layout
     # of fewer ranks (first_nodes, only...), which a launch gives hosts files of its own.
     provisioned: bool = True
+    # The nodes a fault left out of this layout (without): its ring of cables may then be a line
+    # that the management network closes (mlxcluster/describe/backends.py).
+    left_out: frozenset[str] = frozenset()
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Cluster:
@@ -151,7 +154,8 @@ class Cluster:
         if self.backend:
             return Choice(self.backend["name"], self.backend["why"])
         return choose("links" if self.cables else "bridge", [n.name for n in self.training_nodes],
-                      self.links(), {n.name: n.rdma_devices for n in self.nodes})
+                      self.links(), {n.name: n.rdma_devices for n in self.nodes},
+                      close_over_management=bool(self.left_out))
 
     def node(self, name: str) -> Node:
         return next(n for n in self.nodes if n.name == name)
@@ -248,17 +252,22 @@ class Cluster:
         """The layout of the nodes left when `names` are left out (drained after a fault): they
         are not in it at all, so that no launch, copy or check reaches them. When the launcher is
         one of them, the first training node left launches (and gets the run's checkpoints). The
-        backend is chosen again for the nodes left (a ring of cables less one node is no ring)."""
+        backend is chosen again for the nodes left: a ring of cables less one node is a line,
+        which the management network closes into a ring (backends.choose)."""
         nodes = tuple(n for n in self.nodes if n.name not in names)
         training = [n for n in nodes if n.slots > 0]
         if not training:
             raise NotReady(f"no node that trains is left without {', '.join(sorted(names))}")
         launcher = self.launcher if self.launcher not in names else training[0].name
         cables = tuple(c for c in self.cables if not {e["host"] for e in c["ends"]} & set(names))
+        if self.cables and not cables and len(training) > 1:
+            # Per-cable networks with none left between them: no cluster link at all.
+            raise NotReady(f"no cable joins the nodes left without {', '.join(sorted(names))} "
+                           f"({', '.join(n.name for n in training)})")
         if nodes == self.nodes:
             return self
         return Cluster(launcher, nodes, cables, backend=None if self.cables else self.backend,
-                       provisioned=False)
+                       provisioned=False, left_out=self.left_out | set(names))
 
     def only(self, node: Node) -> Cluster:
         """`node` alone, as its own launcher with one slot: a process run on it by itself."""

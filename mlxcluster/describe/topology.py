@@ -23,6 +23,7 @@ The MLX hostfiles follow MLX's format (mlx/_distributed_utils/common.py's `Hostf
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -203,6 +204,30 @@ def ring_order(hosts: Sequence[str], links: Sequence[Cable]) -> list[str] | None
     return extend([hosts[0]])
 
 
+def ring_over_gaps(hosts: Sequence[str], links: Sequence[Cable]) -> list[str] | None:
+    """When the cables make no ring through the hosts (a ring of Macs that lost some): the hosts in
+    the order of a ring from hosts[0] with the fewest pairs of neighbours no cable joins, each
+    such gap to be closed over the management network (of the rings with as few, the first in
+    the order the hosts are listed). None when no cable joins any two of them, or they make a
+    ring (ring_order). Eight hosts are 5,040 orders: tried one by one."""
+    joined = neighbours(hosts, links)
+    if len(hosts) < 3 or ring_order(hosts, links) is not None or not any(joined.values()):
+        return None
+    best: tuple[int, list[str]] | None = None
+    for rest in itertools.permutations(hosts[1:]):
+        order = [hosts[0], *rest]
+        gaps = sum(b not in joined[a] for a, b in zip(order, [*order[1:], order[0]], strict=True))
+        if best is None or gaps < best[0]:
+            best = (gaps, order)
+    return best[1] if best else None
+
+
+def gaps_of(order: Sequence[str], links: Sequence[Cable]) -> list[tuple[str, str]]:
+    """The pairs of ring neighbours in `order` that no cable joins."""
+    joined = neighbours(order, links)
+    return [(a, b) for a, b in zip(order, [*order[1:], order[0]], strict=True) if b not in joined[a]]
+
+
 def backend_problem(backend: str, hosts: Sequence[str], links: Sequence[Cable]) -> str | None:
     """Why `backend` cannot run on this cabling (None: it can)."""
     if backend in ("ring", "jaccl-ring") and ring_order(hosts, links) is None:
@@ -222,23 +247,29 @@ def backend_problem(backend: str, hosts: Sequence[str], links: Sequence[Cable]) 
 
 def mlx_hostfile(backend: str, hosts: Sequence[str], links: Sequence[Cable],
                  ssh: Mapping[str, str], coordinator: Mapping[str, str] | None = None,
-                 envs: Sequence[str] = ()) -> dict[str, Any]:
+                 envs: Sequence[str] = (), management: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The hostfile mlx.launch reads for `backend` ("ring", "jaccl", "jaccl-ring"), one node per
     rank: `ssh` is how the launcher reaches each host, `coordinator` each host's address that
-    JACCL's ranks meet at (the management network's)."""
-    if problem := backend_problem(backend, hosts, links):
+    JACCL's ranks meet at (the management network's). Given each host's `management` address, a
+    ring's neighbours without a cable may talk over the management network (ring_over_gaps: the
+    nodes a ring of cables has left after a fault); a rank whose left neighbour is one listens there."""
+    order = ring_over_gaps(hosts, links) if backend == "ring" and management else None
+    if order is None and (problem := backend_problem(backend, hosts, links)):
         raise ValueError(problem)
     joined = neighbours(hosts, links)
-    order = list(hosts) if backend == "jaccl" else ring_order(hosts, links) or []
+    order = order or (list(hosts) if backend == "jaccl" else ring_order(hosts, links) or [])
     # Pairs that talk, and as MLX does, as many cables for each as the least cabled pair has.
     talking = ([(a, b) for a in order for b in order if a != b] if backend == "jaccl" else
                [(a, order[(i + 1) % len(order)]) for i, a in enumerate(order)])
-    count = min(len(joined[a][b]) for a, b in talking)
+    count = min(len(joined[a][b]) for a, b in talking if b in joined[a])
     entries = []
     for i, host in enumerate(order):
         left, right = order[i - 1], order[(i + 1) % len(order)]
         if backend == "ring":
-            ips = [cable.address_of(host) for cable in joined[host][left][:count]]
+            # MLX's ring wants as many connections on every side: the management address as
+            # often as the cables are (mlx.launch gives each its own port).
+            ips = ([cable.address_of(host) for cable in joined[host][left][:count]] if left in joined[host]
+                   else [management[host]] * count if management else [])
             entries.append({"ssh": ssh[host], "ips": ips, "rdma": []})
             continue
         rdma: list[Any] = []

@@ -18,13 +18,21 @@ fewer than `min_nodes` nodes; --max-restarts 0 turns restarting off.
 from __future__ import annotations
 
 import dataclasses
+import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mlxcluster.check import doctor
+from mlxcluster.check.faults import Fault, TrainFailed
 from mlxcluster.describe import drained
 from mlxcluster.describe.cluster import Cluster, Recorded
 from mlxcluster.errors import UserError
 from mlxcluster.launch import runs
+
+if TYPE_CHECKING:
+    from mlxcluster.jobs.train import Plan
 
 DEFAULT_MAX_RESTARTS = 3
 
@@ -42,15 +50,14 @@ class Policy:
         if self.min_nodes < 1:
             raise UserError(f"--min-nodes must be 1 or more, not {self.min_nodes}")
 
-    def refusal(self, restarts: int, left: Cluster | None) -> str:
+    def refusal(self, restarts: int, left: Cluster) -> str:
         """Why the run does not restart after `restarts` restarts on the layout `left` ("": it does)."""
         if self.max_restarts == 0:
             return "restarts are off (--max-restarts 0)"
         if restarts >= self.max_restarts:
-            return f"it was restarted {restarts} time{'s' * (restarts != 1)} already (--max-restarts " \
-                   f"{self.max_restarts})"
-        nodes = len(left.training_nodes) if left else 0
-        if nodes < self.min_nodes:
+            return (f"it was restarted {restarts} time{'s' * (restarts != 1)} already (--max-restarts "
+                    f"{self.max_restarts})")
+        if (nodes := len(left.training_nodes)) < self.min_nodes:
             return (f"{nodes} node{'s' * (nodes != 1)} would be left, fewer than --min-nodes "
                     f"{self.min_nodes}")
         return ""
@@ -72,7 +79,7 @@ def rejoined(rec: Recorded) -> Cluster:
         return rec.cluster
     print(f"==> checking the node{'s' * (len(out) > 1)} left out: {', '.join(sorted(out))}", flush=True)
     red = doctor.red_node_checks(rec.cluster, None)
-    still = {name for name in out if any(name in c.nodes for c in red)}
+    still = {name for name in out if doctor.red_for(name, red)}
     for entry in drained.rejoin(rec.build, set(out) - still):
         print(f"==> {entry.node} rejoins: its checks pass again (it was left out by run {entry.run}: "
               f"{entry.cause})", flush=True)
@@ -98,3 +105,33 @@ def restart_line(entry: drained.Drained, left: Cluster, restart: int, policy: Po
     return (f"==> {entry.node} is left out ({entry.cause}); restarting run {entry.run} from {where} on "
             f"{ranks} rank{'s' * (ranks != 1)} ({', '.join(n.name for n in left.training_nodes)}), "
             f"restart {restart} of at most {policy.max_restarts}")
+
+
+def go_on(first: Plan, execute: Callable[[Plan], Path], policy: Policy,
+          again: Callable[[Plan, Cluster, Fault, int], Plan]) -> Path:
+    """`execute` the plan; after a node's fault (a TrainFailed whose fault names it), leave the
+    node out and execute the plan `again` makes of the run for the nodes left (restart 1, 2, ...),
+    as `policy` allows. Why a run does not go on (past a bound, no layout left, `again`'s
+    UserError) is said after the failure's own cause."""
+    current = first
+    for restart in itertools.count(1):
+        try:
+            return execute(current)
+        except TrainFailed as failed:
+            fault = failed.fault
+            if fault is None or not fault.goes_on_without_node or fault.node is None:
+                raise
+            try:
+                left: Cluster | None = current.cluster.without({fault.node})
+            except UserError as error:
+                left, no_layout = None, str(error)
+            refusal = policy.refusal(restart - 1, left) if left else no_layout
+            if not refusal:
+                assert left is not None
+                try:
+                    current = again(current, left, fault, restart)
+                    continue
+                except UserError as error:
+                    refusal = str(error)
+            raise failed.adding(f"not restarted without {fault.node}: {refusal}") from None
+    raise AssertionError("unreachable")

@@ -9,7 +9,6 @@ it syncs, launches with the output relayed (mlxcluster/launch/relay.py), records
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import shlex
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from typing import Any
 
 from mlxcluster import local
 from mlxcluster.check import doctor, faults, room
+from mlxcluster.check.faults import TrainFailed
 from mlxcluster.describe import drained
 from mlxcluster.describe.cluster import Cluster, Recorded, recorded
 from mlxcluster.errors import Interrupted, UserError
@@ -44,19 +44,6 @@ from training.config import FinetuneConfig
 from training.model import quantization
 from training.model.folder import SMOLLM2_SHAPE
 from training.model.manifest import manifest_sha256
-
-
-class TrainFailed(UserError):
-    """The run failed; the message says which rank on which node, and how to go on. `fault`: its
-    cause and node (mlxcluster/check/faults.py), for a restart without that node."""
-
-    def __init__(self, message: str, code: int = 1, fault: faults.Fault | None = None, after: str = ""):
-        super().__init__(message + after, code)
-        self.fault, self.said, self.after = fault, message, after
-
-    def adding(self, words: str) -> TrainFailed:
-        """The same failure with `words` said after its cause (before where its files are)."""
-        return TrainFailed(f"{self.said}; {words}", self.code, self.fault, self.after)
 
 
 @dataclass(frozen=True)
@@ -176,8 +163,18 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
                 sync.pull(cluster.head, run_dir, RUNS / run_id), backend_why=choice.why, shares=shared,
                 said=tuple(said),
                 record={**run_record(cluster, request, inventory, backend, choice.why, shared, launch),
-                        **sent.here, "base_weights": base.per_node if base else None},
+                        **sent.here, "base_weights": base.per_node if base else None,
+                        "layout_settings": layout_settings(shared, dequantizing)},
                 dequantize_ranks=tuple(quantization.parse_ranks(settings.dequantize_ranks)))
+
+
+def layout_settings(shared: batch_shares.Shares | None, dequantizing: Sequence[str]) -> list[str]:
+    """The settings of the run's config.yaml that the layout gave, rank by rank (the inventory's
+    batch_share, max_micro_batch and model_dequantize), not the user: a resume, on the same nodes
+    or on those a fault left, works them out again (runs.resume_config)."""
+    return [*(["batch_shares"] if shared else []),
+            *(["max_micro_batch"] if shared and any(shared.limits) else []),
+            *(["dequantize_ranks"] if dequantizing else [])]
 
 
 @dataclass(frozen=True)
@@ -286,7 +283,7 @@ def collect(plan: Plan, timeout: float | None = None) -> None:
 def diagnose(plan: Plan, relayed: relay.Relayed, oom_before: Mapping[str, int | None]) -> faults.Fault:
     """What stopped the run: its cause and node, from the launch's output and the nodes."""
     return faults.diagnose(plan.cluster, relayed.output, relayed.code, plan.request.parallel,
-                           (oom_before, doctor.oom_kills(plan.cluster)), relayed.frozen,
+                           (oom_before, faults.oom_kills(plan.cluster)), relayed.frozen,
                            lambda: doctor.red_node_checks(plan.cluster, None))
 
 
@@ -324,7 +321,7 @@ def execute(plan: Plan) -> Path:
         if before.get("drained"):  # the nodes it went on without (mlxcluster/jobs/restarts.py)
             info["drained"] = before["drained"]
     runs.write_info(plan.results, info)
-    oom_before = doctor.oom_kills(plan.cluster)
+    oom_before = faults.oom_kills(plan.cluster)
     pulls = sync.CheckpointPulls(plan.cluster.head, plan.on_launcher, plan.results)
     start = time.perf_counter()
     try:
@@ -480,7 +477,9 @@ def train(inventory: str, options: Options) -> Path | None:
         show(the_plan, [*notes, *pending_notes(request), *older])
         return None
     preflight(the_plan)
-    return go_on(rec, the_plan, options, policy)
+    return restarts.go_on(the_plan, execute, policy,
+                          lambda current, left, fault, restart: restarted(rec, current, left, fault, options,
+                                                                          policy, restart))
 
 
 def preflight(the_plan: Plan) -> None:
@@ -488,33 +487,6 @@ def preflight(the_plan: Plan) -> None:
     cluster, request = the_plan.cluster, the_plan.request
     doctor.preflight(cluster, room.for_run(cluster, request.model, parallel=request.parallel,
                                            dequantize_ranks=the_plan.dequantize_ranks))
-
-
-def go_on(rec: Recorded, first: Plan, options: Options, policy: restarts.Policy) -> Path:
-    """Execute the plan; after a node's fault, leave the node out and restart the run from its
-    latest checkpoint on the nodes left, as `policy` allows."""
-    current = first
-    for restart in itertools.count(1):
-        try:
-            return execute(current)
-        except TrainFailed as failed:
-            fault = failed.fault
-            if fault is None or not fault.goes_on_without_node or fault.node is None:
-                raise
-            try:
-                left: Cluster | None = current.cluster.without({fault.node})
-            except UserError:
-                left = None
-            refusal = policy.refusal(restart - 1, left)
-            if not refusal:
-                assert left is not None and fault.cause is not None
-                try:
-                    current = restarted(rec, current, left, fault, options, policy, restart)
-                    continue
-                except UserError as error:
-                    refusal = str(error)
-            raise failed.adding(f"not restarted without {fault.node}: {refusal}") from None
-    raise AssertionError("unreachable")
 
 
 def restarted(rec: Recorded, current: Plan, left: Cluster, fault: faults.Fault, options: Options,
@@ -525,10 +497,17 @@ def restarted(rec: Recorded, current: Plan, left: Cluster, fault: faults.Fault, 
     assert fault.node is not None and fault.cause is not None
     _, again = _resumed(dataclasses.replace(options, resume=current.run_id, config=None, data=None,
                                             model=None))
+    # One rank left of a tensor-parallel run holds the whole model: the same training (every rank
+    # took the whole batch), as one process, if the model fits its node (preflight says).
+    alone = current.request.parallel == "tensor" and left.world_size == 1
     # The backend as asked for (auto: the choice for the nodes left), not the one run.json recorded.
-    request = request_for(rec, dataclasses.replace(again, backend=options.backend), fetch=False)
+    request = request_for(rec, dataclasses.replace(again, backend=options.backend,
+                                                   parallel="data" if alone else again.parallel), fetch=False)
     the_plan = plan(left, request, run_id=current.run_id, resume=True, inventory=rec.inventory)
     entry = restarts.left_out(rec, current.run_id, fault.node, fault.cause, fault.why)
     print(restarts.restart_line(entry, left, restart, policy), flush=True)
+    if alone:
+        print(f"==> {left.training_nodes[0].name} alone holds the whole model: no tensor parallelism "
+              "on one rank", flush=True)
     preflight(the_plan)
     return the_plan

@@ -195,8 +195,11 @@ def ring_hosts(cluster: Cluster, envs: Sequence[str] = ()) -> dict[str, object]:
     neighbour, the ranks in ring order as recorded."""
     training = cluster.training_nodes
     if cluster.cables and len(training) > 1:
+        # The nodes a fault left may be a line of cables, closed over the management network.
+        management = {n.name: n.management_address for n in training} if cluster.left_out else None
         return mlx_hostfile("ring", [n.name for n in training], cluster.links(),
-                            {n.name: _reach(cluster, n) for n in training}, envs=envs)
+                            {n.name: _reach(cluster, n) for n in training}, envs=envs,
+                            management=management)
     return {"backend": "ring", "envs": list(envs),
             "hosts": [{"ssh": n.thunderbolt_ip, "ips": [n.thunderbolt_ip]}
                       for n in training for _ in range(n.slots)]}
@@ -209,6 +212,14 @@ def jaccl_hosts(cluster: Cluster, backend: str, envs: Sequence[str] = ()) -> dic
     ssh = {n.name: _reach(cluster, n) for n in training}
     meet = {n.name: n.management_ip or str(n.connection.get("host") or n.name) for n in training}
     return mlx_hostfile(backend, [n.name for n in training], cluster.links(), ssh, meet, envs)
+
+
+# How an mlx.launch rank runs python: as bash's child, not exec'd, so that a rank killed by a
+# signal exits 128 + the signal as a shell reports it (mlx.launch says "Node with rank 2 exited
+# with code 137"), where ssh would exit 255 for a remote process killed outright, as for a lost
+# connection. mlx.launch stops a rank by its shell's pid: the signal is passed on to python.
+RANK_WAITS = ("trap 'kill -TERM $p 2>/dev/null' TERM HUP INT; python \"$@\" & p=$!; wait $p; s=$?; "
+              "while kill -0 $p 2>/dev/null; do wait $p; s=$?; done; exit $s")
 
 
 def mlx_launch_command(cluster: Cluster, job: Job, env: Mapping[str, str]) -> list[str]:
@@ -228,7 +239,7 @@ def mlx_launch_command(cluster: Cluster, job: Job, env: Mapping[str, str]) -> li
         cmd += ["--env", f"{name}={value}"]
     setup = f"{job.rank_setup}; " if job.rank_setup else ""
     # The program's own "python" is bash's $0.
-    return [*cmd, "--", "-c", f'. {shlex.quote(str(head.env_file))} && {setup}exec python "$@"',
+    return [*cmd, "--", "-c", f". {shlex.quote(str(head.env_file))} || exit $?; {setup}{RANK_WAITS}",
             *job.program]
 
 
@@ -326,6 +337,11 @@ def which_rank(cluster: Cluster, output: str) -> str | None:
         by_ip = {n.thunderbolt_ip: n.name for n in cluster.nodes}
         return (f"rank {match[1]} on {by_ip.get(match[2], match[2])} was killed by signal "
                 f"{match[3]}")
+    # mlx.launch says each rank's end as it comes: a rank killed by a signal is the cause, the
+    # others' ends (their peer gone) its effect, whichever is said first.
+    for match in _RING_EXIT.finditer(output):
+        if signal := _ring_signal(match[2]):
+            return f"rank {match[1]} on {cluster.node_of_rank(int(match[1]))} was killed by signal {signal}"
     exited = "rank {rank} on {node} exited with status {detail}"
     for pattern, template in ((_FIRST_FAILED, exited), (_RING_EXIT, exited),
                               (_RANK_ERROR, "rank {rank} on {node}: {detail}")):
@@ -333,6 +349,13 @@ def which_rank(cluster: Cluster, output: str) -> str | None:
             rank = int(match[1])
             return template.format(rank=rank, node=cluster.node_of_rank(rank), detail=match[2])
     return None
+
+
+def _ring_signal(code: str) -> int | None:
+    """The signal an mlx.launch rank's exit code says it was killed by: -N for a rank run on the
+    launcher itself (Python's returncode), 128 + N for one behind ssh (RANK_WAITS); None: none."""
+    number = int(code)
+    return -number if number < 0 else number - 128 if 128 < number < 160 else None
 
 
 def rank_error(output: str) -> bool:
@@ -344,8 +367,9 @@ def rank_error(output: str) -> bool:
 def killed(output: str, code: int | None = None) -> bool:
     """Whether a rank was killed by SIGKILL: what the kernel's out-of-memory killer sends (and
     macOS's, jetsam). One process run directly exits 137 (128 + 9) through the shell."""
-    signalled = [m[3] for m in _SIGNALLED.finditer(output)] + [m[2] for m in _RING_EXIT.finditer(output)]
-    return "9" in signalled or "-9" in signalled or code in (137, -9)
+    signalled = [int(m[3]) for m in _SIGNALLED.finditer(output)]
+    signalled += [_ring_signal(m[2]) for m in _RING_EXIT.finditer(output)]
+    return 9 in signalled or code in (137, -9)
 
 
 def killed_on(cluster: Cluster, output: str, code: int | None = None) -> str | None:
@@ -356,7 +380,7 @@ def killed_on(cluster: Cluster, output: str, code: int | None = None) -> str | N
         if match[3] == "9":
             return by_ip.get(match[2], match[2])
     for match in _RING_EXIT.finditer(output):
-        if match[2] == "-9":
+        if _ring_signal(match[2]) == 9:
             return cluster.node_of_rank(int(match[1]))
     return cluster.head.name if code in (137, -9) and cluster.world_size == 1 else None
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -110,10 +109,24 @@ def resumable(runs: Path, run_id: str | None) -> tuple[str, dict]:
 def resume_config(run_id: str) -> Path:
     """A copy of the run's config.yaml, which rank 0 wrote and which came back with the run's
     files, to go to every node like a --config: every rank reads the settings the run started
-    with."""
+    with, but for those the layout gave rank by rank (run.json's layout_settings: batch shares,
+    micro-batch caps, the ranks that dequantize), which the launch works out again for the nodes
+    it has now (fewer, after a fault)."""
+    import yaml
+
     config = REPO / "build" / "resume" / f"{run_id}.yaml"
     config.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(RUNS / run_id / "config.yaml", config)
+    info = read_info(RUNS / run_id)
+    # Runs recorded before layout_settings: shares in run.json were the layout's.
+    older = ["batch_shares", "max_micro_batch"] if info.get("batch_shares") else []
+    given = info.get("layout_settings", older)
+    text = (RUNS / run_id / "config.yaml").read_text()
+    if given:
+        settings = yaml.safe_load(text)
+        if isinstance(settings, dict):
+            text = yaml.safe_dump({k: None if k in given else v for k, v in settings.items()},
+                                  sort_keys=False)
+    config.write_text(text)
     return config
 
 

@@ -422,14 +422,16 @@ def uninterrupted(provisioned, tiny_inputs) -> Iterator[Path]:
     shutil.rmtree(reference, ignore_errors=True)
 
 
-def killed_at_step_20(cluster, tiny_inputs, node: int, *flags: str) -> tuple[subprocess.Popen, str, str]:
-    """`invoke train` with RESUME_SETTINGS, validating after every step (slower, and it must not
-    change what trains), with `node`'s rank killed as soon as the checkpoint of step 20 is saved:
-    the finished process and its stdout and stderr."""
+def killed_at_checkpoint(cluster, tiny_inputs, node: int, *flags: str, step: int = 20,
+                         settings: str = RESUME_SETTINGS + " --steps-per-eval 1 --val-batches 8"
+                         ) -> tuple[subprocess.Popen, str, str]:
+    """`invoke train` with `settings` (RESUME_SETTINGS, validating after every step: slower, and
+    it must not change what trains), with `node`'s rank killed as soon as the checkpoint of `step`
+    is saved: the finished process and its stdout and stderr."""
     model_dir, data_dir = tiny_inputs
     train = subprocess.Popen(
         [INVOKE, "train", "-i", str(cluster.inventory), "--model", str(model_dir), "--data", str(data_dir),
-         *flags, "--extra", RESUME_SETTINGS + " --steps-per-eval 1 --val-batches 8"],
+         *flags, "--extra", settings],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         stdin=subprocess.DEVNULL)
     assert train.stdout is not None
@@ -437,8 +439,9 @@ def killed_at_step_20(cluster, tiny_inputs, node: int, *flags: str) -> tuple[sub
     try:
         for line in train.stdout:
             seen.append(line)
-            if "saved" in line and line.rstrip().endswith("checkpoints/0000020"):
-                for pid in finetune_pids(cluster, node):
+            if "saved" in line and line.rstrip().endswith(f"checkpoints/{step:07d}"):
+                # The rank's python, as the out-of-memory killer or a kill -9 of it would.
+                for pid in hosts.processes(cluster.lab, node, b"training.finetune"):
                     os.kill(pid, signal.SIGKILL)
                 break
         stdout, stderr = train.communicate(timeout=300)
@@ -450,7 +453,7 @@ def killed_at_step_20(cluster, tiny_inputs, node: int, *flags: str) -> tuple[sub
 def test_an_interrupted_run_resumes_to_the_adapters_of_an_uninterrupted_one(provisioned, tiny_inputs,
                                                                             uninterrupted):
     reference = uninterrupted
-    train, _, stderr = killed_at_step_20(provisioned, tiny_inputs, 2, "--max-restarts", "0")
+    train, _, stderr = killed_at_checkpoint(provisioned, tiny_inputs, 2, "--max-restarts", "0")
     assert train.returncode != 0
     interrupted = REPO / "runs" / re.search(r"invoke train --resume (\S+)", stderr)[1]
     assert "rank 1 on node2 was killed by signal 9" in stderr
@@ -485,7 +488,7 @@ def test_a_node_killed_mid_run_is_left_out_and_the_run_ends_on_the_other_as_if_u
     examples on one rank), to the adapters of the run that was never interrupted. node2 is then
     recorded as left out, doctor shows it, and the next run checks it and lets it back in."""
     build = paths.build_dir_for(str(provisioned.inventory))
-    train, stdout, stderr = killed_at_step_20(provisioned, tiny_inputs, 2)
+    train, stdout, stderr = killed_at_checkpoint(provisioned, tiny_inputs, 2)
     run = run_dir_of(stdout)
     try:
         assert train.returncode == 0, stdout[-3000:] + stderr[-3000:]

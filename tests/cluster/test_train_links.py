@@ -7,7 +7,8 @@ Thunderbolt ports (mlxcluster/lab/veth.py), and the inventory lab.up writes for 
 site.yml configures every cable, training runs over them with the ring backend, and a pulled
 cable is named by doctor and by the run it stops. `invoke bench.links` measures across every cable.
 Last, a fourth node is cabled into the ring, as a user adds a Mac: the pairs without a cable between
-them are reached over the management network, MPI is refused with the reason, and ring trains.
+them are reached over the management network, MPI is refused with the reason, and ring trains, on
+the four and, one killed, on the line of three left, closed over the management network.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ from tests.cluster.test_train import (
     finetune_pids,
     finished_run,
     invoke_train,
+    killed_at_checkpoint,
+    run_dir_of,
     serve_pids,
     serving,
     tiny_eos,
@@ -287,12 +290,22 @@ def test_a_fourth_mac_joins_the_ring_and_every_pair_goes_the_way_the_cables_allo
     assert refused in mpi.stderr, mpi.stderr[-2000:]
     assert [finetune_pids(cabled, n) for n in (1, 2, 3, 4)] == [[], [], [], []]
 
-    proc = invoke_train(cabled, *inputs, "--iters", "3", "--extra", TINY_RUN + " --steps-per-eval 3",
-                        timeout=600)
-    run_dir = finished_run(proc)
+    # Ring trains on the four; node3's rank killed once step 3 is saved leaves node1, node2 and
+    # node4, whose cables make a line: the run goes on, MLX's ring closed over the management
+    # network between node2 and node4.
+    proc, stdout, stderr = killed_at_checkpoint(
+        cabled, tiny_inputs, 3, "--batch-size", "4", "--iters", "8", step=3,
+        settings=TINY_RUN + " --steps-per-eval 8 --save-every 3")
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    run_dir = run_dir_of(stdout)
     try:
-        assert "==> backend ring: the cables make a ring" in proc.stdout
+        assert "==> backend ring: the cables make a ring" in stdout
+        assert "==> node3 is left out (killed); restarting run " in stdout
+        assert "from its checkpoint at step 3 on 3 ranks (node1, node2, node4)" in stdout
+        assert ("==> backend ring: the cables of the nodes left make no ring: MLX's ring closes it over "
+                "the management network between node2 and node4") in stdout, stdout[-3000:]
         summary = json.loads((run_dir / "summary.json").read_text())
-        assert summary["world_size"] == 4 and summary["max_weight_difference_across_ranks"] == 0.0
+        assert summary["world_sizes"] == [4, 3] and summary["iterations"] == 8
+        assert summary["max_weight_difference_across_ranks"] == 0.0
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)

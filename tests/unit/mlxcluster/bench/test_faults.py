@@ -70,6 +70,7 @@ def test_the_restarted_run_is_held_to_the_uninterrupted_one_at_the_first_step_it
     ({"nodes": 1}, "at least 2 nodes"),
     ({"faults": ["kill", "fire"]}, "fire unknown"),
     ({"iters": 16}, "give at least 18"),
+    ({"parallel": "pipeline"}, "--parallel must be data or tensor"),
 ])
 def test_a_benchmark_that_cannot_be_run_is_refused_before_any_lab(args, message):
     with pytest.raises(UserError, match=message):

@@ -206,14 +206,3 @@ def test_a_mac_is_asked_about_its_own_bridge_service_by_the_name_the_inventory_g
         assert args["macos_links"] == service
     bridge = dataclasses.replace(ring, cables=())
     assert json.loads(shlex.split(doctor.probe_command(bridge, ring.nodes[0])[-1])[-1])["macos_links"] is None
-
-
-def test_a_rise_in_a_nodes_out_of_memory_kills_names_it_after_a_failed_run():
-    # Read as a run reads it: this machine's kernel count (the local node runs the line in bash).
-    local = Cluster.from_json({"launcher": "node1", "nodes": [
-        {"name": name, "thunderbolt_ip": ip, "slots": 1, "connection": {"type": "local"}}
-        for name, ip in (("node1", "10.0.0.1"), ("node2", "10.0.0.2"))]})
-    counts = doctor.oom_kills(local)
-    assert set(counts) == {"node1", "node2"} and all(isinstance(c, int) for c in counts.values())
-    assert doctor.ran_out_of_memory({"node1": 4, "node2": 7, "node3": None},
-                                    {"node1": 5, "node2": 7, "node3": 9}) == ["node1"]

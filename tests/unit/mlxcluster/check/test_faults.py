@@ -87,3 +87,14 @@ def test_a_rank_s_own_error_is_the_run_s_and_asks_no_node():
     fault = diagnose(TRACEBACK, 1)
     assert fault.cause is None and not fault.goes_on_without_node
     assert fault.why.startswith("rank 1 on node2 exited with status 1")
+
+
+def test_a_rise_in_a_nodes_out_of_memory_kills_names_it_after_a_failed_run():
+    # Read as a run reads it: this machine's kernel count (the local node runs the line in bash).
+    local = Cluster.from_json({"launcher": "node1", "nodes": [
+        {"name": name, "thunderbolt_ip": ip, "slots": 1, "connection": {"type": "local"}}
+        for name, ip in (("node1", "10.0.0.1"), ("node2", "10.0.0.2"))]})
+    counts = faults.oom_kills(local)
+    assert set(counts) == {"node1", "node2"} and all(isinstance(c, int) for c in counts.values())
+    assert faults.ran_out_of_memory({"node1": 4, "node2": 7, "node3": None},
+                                    {"node1": 5, "node2": 7, "node3": 9}) == ["node1"]

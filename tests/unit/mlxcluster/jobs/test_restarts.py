@@ -4,14 +4,17 @@ the layout of the nodes left, the record of the node left out, and when a run re
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from mlxcluster.check import doctor
 from mlxcluster.check.doctor import Check
+from mlxcluster.check.faults import FROZEN, KILLED, Fault, TrainFailed
 from mlxcluster.describe import drained
 from mlxcluster.describe.cluster import Cluster, NotReady
 from mlxcluster.errors import UserError
+from mlxcluster.jobs import restarts
 from mlxcluster.jobs.restarts import Policy
 from mlxcluster.launch import builder, runs
 
@@ -88,11 +91,64 @@ def test_doctor_shows_a_node_left_out_red_until_its_checks_pass():
     (Policy(), 3, 3, "it was restarted 3 times already (--max-restarts 3)"),
     (Policy(max_restarts=0), 0, 3, "restarts are off (--max-restarts 0)"),
     (Policy(min_nodes=3), 0, 2, "2 nodes would be left, fewer than --min-nodes 3"),
-    (Policy(min_nodes=2), 0, 0, "0 nodes would be left, fewer than --min-nodes 2"),
+    (Policy(min_nodes=2), 0, 1, "1 node would be left, fewer than --min-nodes 2"),
 ])
 def test_a_run_restarts_within_its_bounds(policy, restarts, left, refusal):
-    layout = four().without({f"node{i}" for i in range(left + 1, 5)}) if left else None
+    layout = four().without({f"node{i}" for i in range(left + 1, 5)})
     assert policy.refusal(restarts, layout) == refusal
+
+
+class Run:
+    """A plan as go_on sees it: the layout it runs on."""
+
+    def __init__(self, cluster: Cluster):
+        self.cluster = cluster
+
+
+def failing(*faults: Fault | None):
+    """An execute that fails with each fault in turn, then finishes: the layouts it was given."""
+    given, pending = [], list(faults)
+
+    def execute(run: Run) -> Path:
+        given.append([n.name for n in run.cluster.training_nodes])
+        if pending:
+            fault = pending.pop(0)
+            raise TrainFailed("training failed (exit 137): " + (fault.why if fault else "a traceback"),
+                              137, fault, after="; what arrived is in runs/x")
+        return Path("runs/x")
+    return execute, given
+
+
+def test_go_on_restarts_without_each_node_that_fails_until_the_run_ends():
+    execute, given = failing(Fault("killed", KILLED, "node3"), Fault("frozen", FROZEN, "node1"))
+    said = []
+
+    def again(current, left, fault, restart):
+        said.append((fault.node, restart))
+        return Run(left)
+
+    assert restarts.go_on(Run(four()), execute, Policy(), again) == Path("runs/x")
+    assert given == [["node1", "node2", "node3", "node4"], ["node1", "node2", "node4"], ["node2", "node4"]]
+    assert said == [("node3", 1), ("node1", 2)]
+
+
+def test_go_on_stops_with_the_reason_said_after_the_failure():
+    # The run's own failure (no node to blame) is raised as it is.
+    execute, _ = failing(Fault("rank 0: error: bad data"))
+    with pytest.raises(TrainFailed, match=r"bad data; what arrived is in runs/x$"):
+        restarts.go_on(Run(four()), execute, Policy(), lambda *_: pytest.fail("restarted"))
+    # Past a bound, and where the plan for the nodes left cannot be made.
+    execute, _ = failing(Fault("killed", KILLED, "node3"))
+    with pytest.raises(TrainFailed, match=r"killed; not restarted without node3: restarts are off "
+                                          r"\(--max-restarts 0\); what arrived is in runs/x$"):
+        restarts.go_on(Run(four()), execute, Policy(max_restarts=0), lambda *_: pytest.fail("restarted"))
+
+    def cannot(*_):
+        raise UserError("the model's 9 heads do not divide among 3 ranks")
+
+    execute, _ = failing(Fault("killed", KILLED, "node3"))
+    with pytest.raises(TrainFailed, match="not restarted without node3: the model's 9 heads do not divide"):
+        restarts.go_on(Run(four()), execute, Policy(), cannot)
 
 
 def test_bounds_that_make_no_sense_are_refused():
@@ -119,14 +175,76 @@ def test_the_run_record_keeps_the_nodes_it_went_on_without(tmp_path, monkeypatch
     assert drained.read(tmp_path / "build") == {"node2": entry}
 
 
-def test_a_ring_of_cables_less_one_node_is_no_ring_and_says_so():
-    """A ring of four Macs less node3 is a line: no backend of the links can run on it, which a
-    restart says instead of going on (a full mesh less one node is still one)."""
+def test_a_ring_of_cables_less_one_node_closes_over_the_management_network():
+    """A ring of four Macs less node3 is a line of cables node4 - node1 - node2: MLX's ring runs
+    over them and closes between node2 and node4 over the management network, one connection each
+    way as on the cables; rank 0 stays the launcher, the ranks in the order the nodes are listed.
+    The inventory's own cabling gets no such way round (its check asks for the missing cable)."""
     from tests.unit.mlxcluster.describe.test_links_layout import ring_of_four
 
     ring = ring_of_four()
     left = ring.without({"node3"})
-    assert [n.name for n in left.nodes] == ["node1", "node2", "node4"]
+    assert [n.name for n in left.nodes] == ["node1", "node2", "node4"] and left.left_out == {"node3"}
     assert all("node3" not in json.dumps(cable) for cable in left.cables)
-    with pytest.raises(UserError, match="the cables make no ring through the nodes that train"):
-        builder.choice_for(left, None)
+    choice = builder.choice_for(left, None)
+    assert choice.backend == "ring"
+    assert "closes it over the management network between node2 and node4" in choice.why
+    hosts = builder.ring_hosts(left)["hosts"]
+    # Ring order node1 -> node2 -> node4 -> node1; each rank listens where its left neighbour
+    # reaches it: node1 on its cable to node4, node2 on its cable to node1, node4 (whose left
+    # neighbour node2 has no cable to it) on its management address.
+    assert [(h["ssh"], h["ips"]) for h in hosts] == [
+        ("10.78.5.1", ["10.78.5.14"]), ("10.78.5.2", ["10.78.5.2"]), ("10.78.5.13", ["10.77.5.14"])]
+    # Two nodes left of four with no cable between them have no cluster link at all; one node
+    # left trains alone.
+    with pytest.raises(NotReady, match=r"no cable joins the nodes left without node2, node4 \(node1, node3"):
+        ring.without({"node2", "node4"})
+    assert builder.choice_for(ring.without({"node2", "node3", "node4"}), None).backend == "direct"
+    # The cluster as provisioned keeps refusing what its cabling cannot run.
+    assert builder.choice_for(ring, None).backend == "ring"
+
+
+def test_a_full_mesh_less_one_node_keeps_jaccl_and_a_jaccl_ring_less_one_falls_back_to_tcp():
+    from mlxcluster.describe import backends, topology
+
+    hosts = ["a", "b", "c", "d"]
+    pool = topology.DEFAULT_POOL
+
+    def cabled(pairs):
+        links, errors = topology.cables([[f"{x}:en{i}", f"{y}:en{i}"] for i, (x, y) in enumerate(pairs)],
+                                        pool, hosts)
+        assert not errors
+        return links
+
+    mesh = cabled([(x, y) for i, x in enumerate(hosts) for y in hosts[i + 1:]])
+    ring = cabled([("a", "b"), ("b", "c"), ("c", "d"), ("d", "a")])
+    rdma = {h: [f"rdma_en{i}" for i in range(6)] for h in hosts}
+    mesh_left = backends.choose("links", ["a", "b", "d"], mesh, rdma, close_over_management=True)
+    assert mesh_left.backend == "jaccl"
+    line = backends.choose("links", ["a", "b", "d"], ring, rdma, close_over_management=True)
+    assert line.backend == "ring" and "between b and d" in line.why
+    with pytest.raises(ValueError, match="no ring"):
+        backends.choose("links", ["a", "b", "d"], ring, rdma)
+    # A node left out of a ring of three leaves two joined by their cable: a ring of two.
+    assert backends.choose("links", ["a", "b"], ring, rdma, close_over_management=True).backend == "jaccl"
+
+
+def test_a_ring_of_eight_less_two_nodes_apart_closes_both_gaps_and_no_more():
+    from mlxcluster.describe import topology
+
+    hosts = [f"n{i}" for i in range(1, 9)]
+    pairs = zip(hosts, hosts[1:] + hosts[:1], strict=True)
+    links, errors = topology.cables([[f"{a}:en1", f"{b}:en2"] for a, b in pairs], topology.DEFAULT_POOL,
+                                    hosts)
+    assert not errors
+    left = [h for h in hosts if h not in ("n3", "n6")]
+    order = topology.ring_over_gaps(left, links)
+    assert order is not None and order[0] == "n1" and sorted(order) == sorted(left)
+    assert len(topology.gaps_of(order, links)) == 2
+    hostfile = topology.mlx_hostfile("ring", left, links, {h: h for h in left},
+                                     management={h: f"{h}.mgmt" for h in left})
+    over_management = [h["ssh"] for h in hostfile["hosts"] if h["ips"][0].endswith(".mgmt")]
+    assert len(over_management) == 2 and all(len(h["ips"]) == 1 for h in hostfile["hosts"])
+    # Without the management addresses (the cabling as provisioned) a broken ring is refused.
+    with pytest.raises(ValueError, match="needs the cables to make a ring"):
+        topology.mlx_hostfile("ring", left, links, {h: h for h in left})

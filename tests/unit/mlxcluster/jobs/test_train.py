@@ -17,6 +17,7 @@ from mlxcluster.describe.cluster import Cluster
 from mlxcluster.errors import UserError
 from mlxcluster.jobs import everywhere
 from mlxcluster.jobs import train as training
+from mlxcluster.launch import builder
 from tests.unit import fake_inputs
 
 REPO = Path(__file__).resolve().parents[4]
@@ -74,8 +75,8 @@ def test_ring_backend_uses_mlx_launch_and_the_rendered_hosts_json():
            "/opt/mlx-cluster/hosts.json" in line
     assert "--config /opt/mlx-cluster/work/config/my.yaml" in line
     assert "--python bash " in line
-    assert """ -- -c '. /opt/mlx-cluster/env.sh && exec python "$@"' python -m training.finetune """ \
-        in line
+    assert f" -- -c {shlex.quote('. /opt/mlx-cluster/env.sh || exit $?; ' + builder.RANK_WAITS)} python " \
+           "-m training.finetune " in line
 
 
 def test_ring_ranks_run_the_python_their_env_file_selects(tmp_path):

@@ -194,3 +194,32 @@ def test_the_summary_says_no_limit_where_a_rank_has_no_micro_batch_cap():
     split = report.batch_split([3, 1], 3, [30, 10], 40.0, [0, 1])
     assert [r["max_micro_batch"] for r in split["ranks"]] == ["no limit", 1]
     assert [r["max_micro_batch"] for r in report.batch_split([2], 1, [5], 1.0)["ranks"]] == ["no limit"]
+
+
+def test_a_resume_on_fewer_nodes_works_the_shares_out_again_for_them(tmp_path, monkeypatch):
+    """The shares and caps the inventory gave (config.yaml keeps them, rank by rank) are not the
+    resumed run's: on the nodes a fault left they are worked out again, the global batch the
+    same; shares the user's own config set stay (and are checked against the ranks)."""
+    import yaml
+
+    monkeypatch.setattr(runs, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(runs, "REPO", tmp_path)
+    three = layout({"node1": 3, "node2": 1}, {"node2": 1}, slots=2)
+    first = plan(three, overrides=("--batch-size", "8"))
+    assert first.shares is not None and first.shares.shares == [3, 3, 1, 1]
+    assert first.record["layout_settings"] == ["batch_shares", "max_micro_batch"]
+    run = tmp_path / "runs" / "r1"
+    run.mkdir(parents=True)
+    runs.write_info(run, first.record)
+    (run / "config.yaml").write_text(yaml.safe_dump(
+        {"batch_size": 8, "iters": 40, "batch_shares": "3,3,1,1", "max_micro_batch": "0,0,1,1"},
+        sort_keys=False))
+    again = runs.resume_config("r1")
+    assert yaml.safe_load(again.read_text()) == {"batch_size": 8, "iters": 40, "batch_shares": None,
+                                                  "max_micro_batch": None}
+    left = plan(three.without({"node1"}), config=str(again), resume=True)
+    assert left.shares is not None
+    assert left.shares.args == ["--batch-shares", "4,4", "--max-micro-batch", "1,1"]
+    # Set by the user: kept as they are.
+    runs.write_info(run, {**first.record, "layout_settings": []})
+    assert yaml.safe_load(runs.resume_config("r1").read_text())["batch_shares"] == "3,3,1,1"

@@ -10,7 +10,7 @@ import pytest
 from mlxcluster.describe.cluster import Cluster, NotReady, check_ready
 from mlxcluster.errors import UserError
 from mlxcluster.launch import builder
-from mlxcluster.launch.builder import Job, describe_failure, mpirun_command
+from mlxcluster.launch.builder import Job, describe_failure, killed, killed_on, mpirun_command
 from mlxcluster.launch.remote import rsync_ssh, shell_line, ssh_command
 
 
@@ -125,7 +125,15 @@ def test_a_failed_launch_is_described_by_rank_node_and_last_step(output, descrip
 
 def test_a_rank_killed_as_out_of_memory_is_told_to_shard_the_model():
     ring = "\x1b[33m[WARN] Node with rank 0 exited with code -9 \x1b[0m\n"
-    assert describe_failure(layout(), ring).startswith("rank 0 on node1 exited with status -9")
+    assert describe_failure(layout(), ring).startswith("rank 0 on node1 was killed by signal 9")
+    # A rank behind ssh: its shell's 128 + 9 (builder.RANK_WAITS), where ssh alone says 255.
+    remote = "\x1b[33m[WARN] Node with rank 2 exited with code 137 \x1b[0m\n"
+    assert describe_failure(layout(), remote).startswith("rank 2 on node2 was killed by signal 9")
+    assert killed(remote) and killed_on(layout(), remote) == "node2"
+    assert not killed(RING) and killed_on(layout(), RING) is None
+    # Said after another rank's end (its peer gone), the killed one is still the cause.
+    both = "\x1b[33m[WARN] Node with rank 0 exited with code 1 \x1b[0m\n" + remote
+    assert describe_failure(layout(), both).startswith("rank 2 on node2 was killed by signal 9")
     assert "--parallel tensor splits the model" in describe_failure(layout(), ring)
     # One process run directly: the shell's 137; in tensor parallelism, more nodes.
     assert "more nodes give each a smaller shard" in describe_failure(layout(), "", 137, "tensor")
