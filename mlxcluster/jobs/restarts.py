@@ -22,7 +22,7 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol, TypeVar
 
 from mlxcluster.check import doctor
 from mlxcluster.check.faults import Fault, TrainFailed
@@ -31,8 +31,15 @@ from mlxcluster.describe.cluster import Cluster, Recorded
 from mlxcluster.errors import UserError
 from mlxcluster.launch import runs
 
-if TYPE_CHECKING:
-    from mlxcluster.jobs.train import Plan
+
+class Launched(Protocol):
+    """What go_on needs of a plan (mlxcluster/jobs/train.py's Plan): the layout it runs on."""
+
+    @property
+    def cluster(self) -> Cluster: ...
+
+
+Plan = TypeVar("Plan", bound=Launched)
 
 DEFAULT_MAX_RESTARTS = 3
 
