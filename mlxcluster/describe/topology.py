@@ -210,16 +210,10 @@ def ring_over_gaps(hosts: Sequence[str], links: Sequence[Cable]) -> list[str] | 
     such gap to be closed over the management network (of the rings with as few, the first in
     the order the hosts are listed). None when no cable joins any two of them, or they make a
     ring (ring_order). Eight hosts are 5,040 orders: tried one by one."""
-    joined = neighbours(hosts, links)
-    if len(hosts) < 3 or ring_order(hosts, links) is not None or not any(joined.values()):
+    if len(hosts) < 3 or ring_order(hosts, links) is not None or not any(neighbours(hosts, links).values()):
         return None
-    best: tuple[int, list[str]] | None = None
-    for rest in itertools.permutations(hosts[1:]):
-        order = [hosts[0], *rest]
-        gaps = sum(b not in joined[a] for a, b in zip(order, [*order[1:], order[0]], strict=True))
-        if best is None or gaps < best[0]:
-            best = (gaps, order)
-    return best[1] if best else None
+    orders = ([hosts[0], *rest] for rest in itertools.permutations(hosts[1:]))
+    return min(orders, key=lambda order: len(gaps_of(order, links)))  # the first of the fewest
 
 
 def gaps_of(order: Sequence[str], links: Sequence[Cable]) -> list[tuple[str, str]]:
