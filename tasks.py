@@ -39,6 +39,7 @@ from mlxcluster.jobs import fuse as fusing
 from mlxcluster.jobs import serve as serving
 from mlxcluster.jobs import train as training
 from mlxcluster.jobs.flags import SHARED_HELP, helps
+from mlxcluster.jobs.request import Options
 from mlxcluster.lab import cache, hosts, limits
 from mlxcluster.launch import runs
 from mlxcluster.launch.parallel import MODES
@@ -161,7 +162,7 @@ def train(c, inventory=None, config=None, data=None, model=None, iters=None, bat
           extra="", backend=None, interface=None, btl_tcp_links=None, threads=None,
           parallel=None, resume=None, dry_run=False, max_restarts=None, min_nodes=None):
     """Fine-tune on the cluster: sync data, code and model, mpirun on every slot, fetch results."""
-    results = training.train(_inventory(c, inventory), training.Options(
+    results = training.train(_inventory(c, inventory), Options(
         config=config, data=data, model=model, iters=_whole(iters, "--iters"),
         batch_size=_whole(batch_size, "--batch-size"), extra=extra, backend=backend,
         interface=interface, btl_tcp_links=_whole(btl_tcp_links, "--btl-tcp-links", 1, 64),

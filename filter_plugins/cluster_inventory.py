@@ -1,10 +1,18 @@
 """Ansible filters over the cluster inventory and its cabling; the logic lives in
-mlxcluster.describe.inventory and mlxcluster.describe.topology."""
+mlxcluster.describe.inventory, .topology and .addresses."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from mlxcluster.describe.addresses import (
+    addresses_of,
+    contact_address,
+    links_hostfile,
+    ports_of,
+    rank_order,
+    reach_from_launcher,
+)
 from mlxcluster.describe.inventory import (
     LINK_KEYS,
     MODEL_KEYS,
@@ -16,15 +24,7 @@ from mlxcluster.describe.inventory import (
     resolved,
     topology_view,
 )
-from mlxcluster.describe.topology import (
-    addresses_of,
-    contact_address,
-    links_hostfile,
-    mode_of,
-    ports_of,
-    rank_order,
-    reach_from_launcher,
-)
+from mlxcluster.describe.topology import mode_of
 
 
 def cluster_inventory_errors(groups: dict[str, list[str]], hostvars: Any) -> list[str]:
@@ -56,7 +56,7 @@ def thunderbolt_mode(cluster: list[str], hostvars: Any) -> str:
 
 def cluster_address(host: str, cluster: list[str], launcher: str, hostvars: Any) -> str | None:
     """``{{ host | cluster_address(groups['cluster'], groups['launcher'][0], hostvars) }}``: the
-    address a node is known by on the cluster link (mlxcluster/describe/topology.py)."""
+    address a node is known by on the cluster link (mlxcluster/describe/addresses.py)."""
     return contact_address(host, list(cluster), launcher, topology_view(cluster, hostvars))
 
 
@@ -67,7 +67,7 @@ def cluster_addresses(host: str, cluster: list[str], hostvars: Any) -> list[str]
 
 def cluster_rank_order(cluster: list[str], launcher: str, hostvars: Any) -> list[str]:
     """``{{ groups['cluster'] | cluster_rank_order(launcher, hostvars) }}``: every host in rank
-    order (mlxcluster/describe/topology.py's rank_order)."""
+    order (mlxcluster/describe/addresses.py's rank_order)."""
     return rank_order(list(cluster), launcher, topology_view(cluster, hostvars))
 
 

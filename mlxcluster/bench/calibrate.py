@@ -22,6 +22,7 @@ from mlxcluster.bench import results
 from mlxcluster.check import doctor, room
 from mlxcluster.describe.cluster import Cluster, Node, Recorded
 from mlxcluster.jobs import train
+from mlxcluster.jobs.request import Request
 from mlxcluster.launch import batch_shares
 from mlxcluster.launch import settings as run_settings
 from mlxcluster.provision import inputs
@@ -60,7 +61,7 @@ class Plan:
     settings: FinetuneConfig
     per_rank: int  # examples per step: a rank's equal share of the run's global batch
     iters: int
-    request: train.Request
+    request: Request
 
 
 def plan(rec: Recorded, *, iters: int, batch_size: int | None, data: str | None, model: str | None,
@@ -73,7 +74,7 @@ def plan(rec: Recorded, *, iters: int, batch_size: int | None, data: str | None,
     overrides = ["--iters", str(iters), "--batch-size", str(per_rank), "--steps-per-report", "2",
                  "--steps-per-eval", str(iters), "--save-every", str(iters), "--val-batches", "1",
                  *shlex.split(extra)]
-    request = train.Request(data_dir, model_dir, config_file, overrides=overrides, threads=threads)
+    request = Request(data_dir, model_dir, config_file, overrides=overrides, threads=threads)
     return Plan(settings, per_rank, iters, request)
 
 

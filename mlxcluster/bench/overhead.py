@@ -44,6 +44,7 @@ from mlxcluster.check import doctor, room
 from mlxcluster.describe.cluster import Cluster, Node, Recorded
 from mlxcluster.errors import UserError
 from mlxcluster.jobs import train
+from mlxcluster.jobs.request import Request
 from mlxcluster.launch import builder, relay, remote, sync
 from mlxcluster.provision import inputs
 
@@ -270,7 +271,7 @@ def _on_head(head: Node, command: Sequence[str]) -> str:
 
 def _put_inputs(layout: Cluster, data: Path, model: Path) -> sync.Placed:
     """Code, data and model on the node, as invoke train puts them: where they are there."""
-    data_files, model_files = train.shipments(train.Request(data, model))
+    data_files, model_files = train.shipments(Request(data, model))
     steps, placed = sync.training_inputs(layout, data_files, model_files, None)
     sync.run_steps(steps)
     return placed

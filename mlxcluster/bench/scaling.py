@@ -27,6 +27,7 @@ from mlxcluster.check import doctor, room
 from mlxcluster.describe.cluster import Cluster, Recorded
 from mlxcluster.errors import UserError
 from mlxcluster.jobs import train
+from mlxcluster.jobs.request import Request
 from mlxcluster.launch import parallel as parallelism
 from mlxcluster.launch import runs
 from mlxcluster.launch import settings as run_settings
@@ -218,7 +219,7 @@ def node_counts(text: str | None, available: int) -> list[int]:
 
 
 def _our_runs(rec: Recorded, plan: Sequence[tuple[int, str]], layouts: Mapping[int, Cluster],
-              request: train.Request, steps: str) -> tuple[list[dict[str, Any]], dict[str, str]]:
+              request: Request, steps: str) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """Each configuration launched exactly as invoke train launches: its row, and its run folder
     (by node count, and the mode after it for tensor parallelism)."""
     rows, run_dirs = [], {}
@@ -236,7 +237,7 @@ def _our_runs(rec: Recorded, plan: Sequence[tuple[int, str]], layouts: Mapping[i
     return rows, run_dirs
 
 
-def _stock_row(one_node: Cluster, request: train.Request) -> dict[str, Any]:
+def _stock_row(one_node: Cluster, request: Request) -> dict[str, Any]:
     """Stock mlx_lm lora alone on the node of our 1-node run, with our runs' settings."""
     ours = run_settings.read(request.config, request.overrides)
     layout = one_node.only(one_node.training_nodes[0])
@@ -263,7 +264,7 @@ def run(rec: Recorded, *, nodes: str | None = None, parallel: str | None = None,
     data_dir, model_dir = inputs.resolve(rec.cluster, data, model)
     overrides = ["--iters", str(iters), "--batch-size", str(batch_size), "--steps-per-report", "5",
                  "--steps-per-eval", str(iters), "--save-every", str(iters), *shlex.split(extra)]
-    request = train.Request(data_dir, model_dir, overrides=overrides, threads=threads)
+    request = Request(data_dir, model_dir, overrides=overrides, threads=threads)
     # Refused before the first run rather than after it: a model tensor parallelism cannot split,
     # and too few steps for stock's steady window.
     for count, mode in plan:

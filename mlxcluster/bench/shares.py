@@ -17,15 +17,16 @@ from typing import Any
 from mlxcluster.bench import calibrate, results
 from mlxcluster.describe.cluster import Recorded
 from mlxcluster.jobs import train
+from mlxcluster.jobs.request import Request
 from mlxcluster.launch import batch_shares
 from training.data import shares
 
 
-def cluster_run(rec: Recorded, base: train.Request, cut: list[int]) -> dict[str, Any]:
+def cluster_run(rec: Recorded, base: Request, cut: list[int]) -> dict[str, Any]:
     """The whole cluster with these shares, launched as invoke train launches."""
-    request = train.Request(base.data, base.model, base.config,
-                            overrides=[*base.overrides, "--batch-shares", ",".join(map(str, cut))],
-                            threads=base.threads)
+    request = Request(base.data, base.model, base.config,
+                      overrides=[*base.overrides, "--batch-shares", ",".join(map(str, cut))],
+                      threads=base.threads)
     run_dir = train.launch_run(rec.cluster, request, rec.inventory)
     summary = json.loads((run_dir / "summary.json").read_text())
     return {"shares": cut, "tokens_per_second": round(float(summary["tokens_per_second"]), 1),
@@ -69,7 +70,7 @@ def run(rec: Recorded, *, iters: int = 30, batch_size: int | None = None, data: 
     entry = calibrate.measure(rec, cal_plan)
     batch_shares.add_calibration(rec.calibration, entry)
     global_batch = batch_size or cal_plan.settings.batch_size
-    base = train.Request(cal_plan.request.data, cal_plan.request.model, overrides=[
+    base = Request(cal_plan.request.data, cal_plan.request.model, overrides=[
         "--iters", str(iters), "--batch-size", str(global_batch), "--steps-per-report", "5",
         "--steps-per-eval", str(iters), "--save-every", str(iters), "--val-batches", "1",
         *shlex.split(extra)], threads=threads)

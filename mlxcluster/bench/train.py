@@ -23,6 +23,7 @@ from mlxcluster.bench import overhead, results
 from mlxcluster.describe.cluster import Cluster, Node, recorded
 from mlxcluster.errors import UserError
 from mlxcluster.jobs import train
+from mlxcluster.jobs.request import Request
 from mlxcluster.lab import hosts
 from mlxcluster.launch import builder, remote, sync
 from mlxcluster.provision import ansible, inputs
@@ -45,7 +46,7 @@ def scaling(cluster: Cluster, inventory: str, data: Path, model: Path, *, iters:
             batch_size: int, rounds: int) -> dict[str, Any]:
     """tokens/s of the same run on 1 rank and on 2 (one per node), launched as invoke train does."""
     # Same global batch and steps; one BLAS thread per rank, so a rank is one core's work.
-    request = train.Request(data, model, threads=1, overrides=[
+    request = Request(data, model, threads=1, overrides=[
         *lora_layers(model), "--iters", str(iters), "--batch-size", str(batch_size),
         "--steps-per-report", "5", "--steps-per-eval", str(iters), "--val-batches", "2",
         "--save-every", str(iters)])
@@ -117,7 +118,7 @@ def quality(cluster: Cluster, inventory: str, data: Path, model: Path,
     """The pirate fine-tune on 2 ranks, then base vs fine-tuned on the held-out prompts."""
     head = cluster.head
     print("==> quality: the pirate fine-tune on 2 ranks", flush=True)
-    tuned = train.launch_run(cluster, train.Request(
+    tuned = train.launch_run(cluster, Request(
         data, model, threads=1, overrides=[*lora_layers(model), *(["--iters", str(iters)] if iters else [])]),
         inventory)
     print("==> quality: base and fine-tuned answers to 20 held-out prompts", flush=True)
@@ -166,7 +167,7 @@ def measure(cluster: Cluster, inventory: str, data: Path, model: Path, parts: Pa
                                     batch_size=parts.batch_size, rounds=parts.rounds)
     if parts.blas_iters:
         if not (parts.iters or parts.overhead_iters):  # those put the model and the data on the node
-            train.launch_run(cluster, train.Request(
+            train.launch_run(cluster, Request(
                 data, model, overrides=[*lora_layers(model), "--iters", "1"]), inventory)
         result["blas"] = blas(cluster, data, model, iters=parts.blas_iters, batch_size=parts.batch_size)
     if parts.quality_iters is None or parts.quality_iters:

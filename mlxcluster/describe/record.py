@@ -23,7 +23,7 @@ from typing import Any
 
 from jinja2 import Undefined
 
-from mlxcluster.describe import inventory, topology
+from mlxcluster.describe import addresses, inventory, topology
 from mlxcluster.describe.backends import Choice
 from mlxcluster.describe.cluster import REQUIRED_PATHS, Cluster
 from mlxcluster.describe.inventory import topology_view
@@ -131,8 +131,8 @@ def node_settings(name: str, hostvars: Mapping[str, Any], launcher: str,
         "name": name,
         "os_family": "Darwin" if "macs" in hv["group_names"] else "Debian",
         # Its address on the cluster link: thunderbolt_ip, or in links mode its end of the cable
-        # to the launcher (mlxcluster/describe/topology.py).
-        **topology.link_of(name, cluster, launcher, view),
+        # to the launcher (mlxcluster/describe/addresses.py).
+        **addresses.link_of(name, cluster, launcher, view),
         "thunderbolt_mtu": int(get("thunderbolt_mtu", 0)),
         **({"bridge_service": str(get("thunderbolt_macos_service", "Thunderbolt Bridge"))}
            if "macs" in hv["group_names"] else {}),
@@ -154,8 +154,8 @@ def node_settings(name: str, hostvars: Mapping[str, Any], launcher: str,
 
 
 def rank_order(groups: Mapping[str, list[str]], view: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """The inventory's nodes in rank order: the launcher first (topology.rank_order)."""
-    return topology.rank_order(list(groups["cluster"]), groups["launcher"][0], view)
+    """The inventory's nodes in rank order: the launcher first (addresses.rank_order)."""
+    return addresses.rank_order(list(groups["cluster"]), groups["launcher"][0], view)
 
 
 def seen_in_run(groups: Mapping[str, list[str]], hostvars: Mapping[str, Any],

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import pytest
 
 from mlxcluster.check import doctor
-from mlxcluster.describe import topology
+from mlxcluster.describe import addresses, topology
 from mlxcluster.describe.cluster import Cluster
 from tests.contract.stand_in_macs import (
     HERE,
@@ -126,7 +126,7 @@ def test_each_mac_turns_the_bridge_off_and_gives_every_cabled_port_its_cables_ad
         view = {h: {"thunderbolt_links": [[str(e) for e in c.ends] for c in cables],
                     "thunderbolt_link_pool": POOL} for h in HOSTS}
         routed = []
-        for p in topology.ports_of(host, HOSTS, view):
+        for p in addresses.ports_of(host, HOSTS, view):
             service = "TB one" if (host, p["interface"]) == ("node2", "en2") else PREFIX + p["interface"]
             words = [word for r in p["routes"] for word in (r["to"], "255.255.255.255", r["via"])]
             routed.append(shlex.join(["networksetup", "-setadditionalroutes", service, *words]))

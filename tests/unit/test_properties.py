@@ -26,6 +26,7 @@ from mlxcluster.describe.inventory import (
     training_hosts,
 )
 from mlxcluster.jobs import train as training
+from mlxcluster.jobs.request import Request
 from tests.unit import fake_inputs
 from tests.unit.mlxcluster.jobs.test_train import lab_layout
 from training.data import prepare as tp
@@ -220,8 +221,8 @@ def remote_paths(argv: list[str]) -> list[str]:
 def test_every_rsync_remote_path_of_an_accepted_run_needs_no_quoting(root, data, model, config):
     layout = lab_layout()
     layout["nodes"] = [dict(node, cluster_root=root) for node in layout["nodes"]]
-    request = training.Request(fake_inputs.dataset(f"/d/{data}"), fake_inputs.model(f"/m/{model}"),
-                               fake_inputs.config(f"/c/{config}"), interactive=False)
+    request = Request(fake_inputs.dataset(f"/d/{data}"), fake_inputs.model(f"/m/{model}"),
+                      fake_inputs.config(f"/c/{config}"), interactive=False)
     the_plan = training.plan(Cluster.from_json(layout), request, run_id="r1")
     remote = [path for _, cmd in the_plan.steps for path in remote_paths(cmd)]
     assert len(remote) >= 6  # code, data, config, model, fan-out... each checked

@@ -11,7 +11,7 @@ from filter_plugins.thunderbolt_macos import (
     thunderbolt_macos_links,
     thunderbolt_rdma_devices,
 )
-from mlxcluster.describe import topology
+from mlxcluster.describe import addresses
 
 HARDWARE = """
 Hardware Port: Ethernet
@@ -58,7 +58,7 @@ HOSTS = ["mac1", "mac2", "mac3"]
 
 def ports(host: str) -> list[dict]:
     view = {h: {"thunderbolt_links": LINKS, "thunderbolt_link_pool": "192.168.200.0/24"} for h in HOSTS}
-    return topology.ports_of(host, HOSTS, view)
+    return addresses.ports_of(host, HOSTS, view)
 
 
 def plan(host: str, *entries, prefix: str = "MLX Thunderbolt ") -> dict:
@@ -114,7 +114,7 @@ def test_a_port_that_is_not_a_thunderbolt_port_is_named_with_what_the_mac_has(po
     links = [[f"mac1:{port}", "mac2:en2"]]
     view = {h: {"thunderbolt_links": links, "thunderbolt_link_pool": "192.168.200.0/24"} for h in HOSTS[:2]}
     order_text, list_text = order(*BASE, BRIDGE_ON)
-    found = thunderbolt_macos_links(topology.ports_of("mac1", HOSTS[:2], view), hardware, order_text,
+    found = thunderbolt_macos_links(addresses.ports_of("mac1", HOSTS[:2], view), hardware, order_text,
                                     list_text, "Thunderbolt Bridge", "MLX Thunderbolt ")
     assert found["missing"] == [port]
     assert found["thunderbolt_ports"] == ["en2 (Thunderbolt 1)", "en3 (Thunderbolt 2)"]

@@ -19,6 +19,7 @@ from rich.console import Console
 from mlxcluster.bench import overhead, scaling, stock
 from mlxcluster.errors import UserError
 from mlxcluster.jobs import train
+from mlxcluster.jobs.request import Request
 from mlxcluster.launch import settings as run_settings
 from tests.unit.training.model.test_folder import tiny_model
 from training.data.prepare import prepare
@@ -91,9 +92,9 @@ def test_other_parallel_modes_are_refused_with_the_choices(wrong: str):
 
 def test_each_run_is_launched_with_its_mode_as_flag_and_as_the_requests_parallel(tmp_path: Path,
                                                                                  monkeypatch):
-    launched: list[tuple[int, train.Request]] = []
+    launched: list[tuple[int, Request]] = []
 
-    def launch_run(layout: Any, request: train.Request, inventory: str) -> Path:
+    def launch_run(layout: Any, request: Request, inventory: str) -> Path:
         run_dir = tmp_path / f"run{len(launched)}"
         run_dir.mkdir()
         ranks = layout.world_size
@@ -103,7 +104,7 @@ def test_each_run_is_launched_with_its_mode_as_flag_and_as_the_requests_parallel
 
     monkeypatch.setattr(train, "launch_run", launch_run)
     monkeypatch.setattr(scaling.runs, "read_info", lambda run_dir: {"wall_time_s": 10.0})
-    request = train.Request(tmp_path / "data", tmp_path / "model", overrides=["--iters", "30"])
+    request = Request(tmp_path / "data", tmp_path / "model", overrides=["--iters", "30"])
     layouts = {n: SimpleNamespace(world_size=n) for n in (1, 2)}
     rows, run_dirs = scaling._our_runs(SimpleNamespace(inventory="lab.yml"),
                                        [(1, "data"), (2, "data"), (2, "tensor")], layouts, request,

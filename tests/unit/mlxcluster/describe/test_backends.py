@@ -10,7 +10,7 @@ import shlex
 
 import pytest
 
-from mlxcluster.describe import record, topology
+from mlxcluster.describe import addresses, record
 from mlxcluster.describe.backends import choose
 from mlxcluster.describe.cluster import Cluster
 from mlxcluster.errors import UserError
@@ -27,8 +27,8 @@ def cabled(links: list[list[str]], rdma: dict[str, list[str] | None], backend: d
     hosts = sorted({end.split(":")[0] for cable in links for end in cable})
     view = {h: {"thunderbolt_links": links, "thunderbolt_link_pool": "192.168.200.0/24",
                 "ansible_host": f"mac{i}.local", "mpi_slots": 1} for i, h in enumerate(hosts, 1)}
-    order = topology.rank_order(hosts, "mac1", view)
-    nodes = [{"name": h, "thunderbolt_ip": topology.contact_address(h, hosts, "mac1", view), "slots": 1,
+    order = addresses.rank_order(hosts, "mac1", view)
+    nodes = [{"name": h, "thunderbolt_ip": addresses.contact_address(h, hosts, "mac1", view), "slots": 1,
               "os_family": "Darwin", "cluster_root": "/opt/mlx", "venv": "/opt/mlx/venv",
               "env_file": "/opt/mlx/env.sh", "rdma_devices": rdma.get(h), "management_ip": f"10.0.0.{i}",
               "connection": {"host": f"{h}.local"}} for i, h in enumerate(order, 1)]

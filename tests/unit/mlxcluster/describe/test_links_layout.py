@@ -1,6 +1,6 @@
-"""What links mode gives each node (mlxcluster/describe/topology.py, record.py, cluster.py and the
-thunderbolt role's filters): its ports, its address on the link, rank order, the ring hostfile,
-and the record the launch code and doctor read."""
+"""What links mode gives each node (mlxcluster/describe/topology.py, addresses.py, record.py,
+cluster.py and the thunderbolt role's filters): its ports, its address on the link, rank order,
+the ring hostfile, and the record the launch code and doctor read."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from filter_plugins.thunderbolt import (
     thunderbolt_ping_targets,
     thunderbolt_stale_addresses,
 )
-from mlxcluster.describe import topology
+from mlxcluster.describe import addresses, topology
 from mlxcluster.describe.cluster import Cluster
 from mlxcluster.describe.record import cables_of
 from tests.unit.mlxcluster.describe.test_topology import random_cabling
@@ -32,7 +32,7 @@ def view(links=RING4, **extra) -> dict:
 
 
 def test_each_node_gets_one_port_per_cable_end_with_its_far_end_to_ping():
-    ports = topology.ports_of("node1", HOSTS, view())
+    ports = addresses.ports_of("node1", HOSTS, view())
     assert ports == [
         {"interface": "en2", "address": "10.78.5.1", "prefix": 30, "cable": "node1:en2 <-> node2:en2",
          "pool": "10.78.5.0/24", "peers": {"node2": "10.78.5.2"},
@@ -46,12 +46,12 @@ def test_each_node_gets_one_port_per_cable_end_with_its_far_end_to_ping():
 
 def test_a_node_is_known_by_its_end_of_a_cable_to_the_launcher_and_copied_to_across_it():
     v = view()
-    assert [topology.contact_address(h, HOSTS, "node1", v) for h in HOSTS] == [
+    assert [addresses.contact_address(h, HOSTS, "node1", v) for h in HOSTS] == [
         "10.78.5.1", "10.78.5.2", "10.78.5.6", "10.78.5.13"]
     # node3 shares no cable with the launcher: the model reaches it over the management network.
-    assert [topology.reach_from_launcher(h, HOSTS, "node1", v) for h in HOSTS[1:]] == [
+    assert [addresses.reach_from_launcher(h, HOSTS, "node1", v) for h in HOSTS[1:]] == [
         "10.78.5.2", "10.77.5.13", "10.78.5.13"]
-    assert topology.link_of("node4", HOSTS, "node1", v) == {
+    assert addresses.link_of("node4", HOSTS, "node1", v) == {
         "thunderbolt_ip": "10.78.5.13", "thunderbolt_interface": "en3", "thunderbolt_prefix": 30,
         "thunderbolt_link_pool": "10.78.5.0/24"}
 
@@ -61,10 +61,10 @@ def test_ranks_follow_the_ring_so_each_ranks_neighbours_are_its_cables():
     crossed = [["node1:en2", "node3:en2"], ["node3:en3", "node2:en2"], ["node2:en3", "node4:en2"],
                ["node4:en3", "node1:en3"]]
     v = view(crossed)
-    assert topology.rank_order(HOSTS, "node1", v) == ["node1", "node3", "node2", "node4"]
+    assert addresses.rank_order(HOSTS, "node1", v) == ["node1", "node3", "node2", "node4"]
     v["node3"]["mpi_slots"] = 0
-    assert topology.rank_order(HOSTS, "node1", v)[-1] == "node3"
-    hostfile = topology.links_hostfile(HOSTS, "node1", view(crossed))
+    assert addresses.rank_order(HOSTS, "node1", v)[-1] == "node3"
+    hostfile = addresses.links_hostfile(HOSTS, "node1", view(crossed))
     assert [h["ssh"] for h in hostfile["hosts"]] == ["10.78.5.1", "10.78.5.2", "10.77.5.12", "10.78.5.13"]
     assert [h["ips"] for h in hostfile["hosts"]] == [["10.78.5.14"], ["10.78.5.2"], ["10.78.5.6"],
                                                      ["10.78.5.10"]]
@@ -75,7 +75,7 @@ def test_the_record_keeps_the_cables_and_the_launch_code_reads_them_back():
     assert cables[1] == {"ends": [{"host": "node2", "interface": "en3", "address": "10.78.5.5"},
                                   {"host": "node3", "interface": "en2", "address": "10.78.5.6"}],
                          "network": "10.78.5.4/30"}
-    nodes = [{"name": h, "thunderbolt_ip": topology.contact_address(h, HOSTS, "node1", view()),
+    nodes = [{"name": h, "thunderbolt_ip": addresses.contact_address(h, HOSTS, "node1", view()),
               "slots": 1} for h in HOSTS]
     cluster = Cluster.from_json({"launcher": "node1", "nodes": nodes, "cables": cables})
     node2, node3 = cluster.node("node2"), cluster.node("node3")
@@ -89,7 +89,7 @@ def test_the_record_keeps_the_cables_and_the_launch_code_reads_them_back():
 def ring_of_four() -> Cluster:
     """The ring of four as provisioning records it: addresses, connections, cables."""
     v = view()
-    nodes = [{"name": h, "thunderbolt_ip": topology.contact_address(h, HOSTS, "node1", v), "slots": 1,
+    nodes = [{"name": h, "thunderbolt_ip": addresses.contact_address(h, HOSTS, "node1", v), "slots": 1,
               "connection": {"host": v[h]["ansible_host"]}} for h in HOSTS]
     return Cluster.from_json({"launcher": "node1", "nodes": nodes,
                               "cables": cables_of({"cluster": HOSTS, "launcher": ["node1"]}, v)})
@@ -125,7 +125,7 @@ def test_every_pair_of_a_ring_of_four_is_reached_by_its_cable_or_the_management_
     from mlxcluster.launch import builder
 
     assert [h["ssh"] for h in builder.ring_hosts(cluster)["hosts"]] == [
-        h["ssh"] for h in topology.links_hostfile(HOSTS, "node1", view())["hosts"]]
+        h["ssh"] for h in addresses.links_hostfile(HOSTS, "node1", view())["hosts"]]
     # One node of the ring alone (bench.tensor's one process) runs directly, no launcher; two
     # of them are a ring of their own, with their own hosts file.
     assert builder.backend_for(cluster.first_nodes(1), None) == "direct"
@@ -153,7 +153,7 @@ def test_doctor_says_which_way_each_pair_goes():
     ("networkmanager", [], ["/etc/NetworkManager/system-connections/mlx-thunderbolt-en2.nmconnection"]),
 ])
 def test_each_port_gets_its_own_boot_file_and_the_roles_other_files_go(backend, kept, written):
-    [port] = topology.ports_of("node2", HOSTS, view())[:1]
+    [port] = addresses.ports_of("node2", HOSTS, view())[:1]
     existing = ["/etc/systemd/network/50-mlx-thunderbolt.network",  # the bridge's, before links
                 "/etc/systemd/network/50-mlx-thunderbolt-en2.network",
                 "/etc/NetworkManager/system-connections/mlx-thunderbolt-en9.nmconnection"]
@@ -175,7 +175,7 @@ def test_links_mode_trains_with_ring_by_default_and_refuses_mpi_off_a_full_mesh(
     from mlxcluster.errors import UserError
     from mlxcluster.launch import builder
 
-    nodes = [{"name": h, "thunderbolt_ip": topology.contact_address(h, HOSTS, "node1", view()),
+    nodes = [{"name": h, "thunderbolt_ip": addresses.contact_address(h, HOSTS, "node1", view()),
               "slots": 1} for h in HOSTS]
     cluster = Cluster.from_json({"launcher": "node1", "nodes": nodes,
                                  "cables": cables_of({"cluster": HOSTS, "launcher": ["node1"]}, view())})
@@ -189,18 +189,18 @@ def test_links_mode_trains_with_ring_by_default_and_refuses_mpi_off_a_full_mesh(
 def test_a_launch_writes_the_same_ring_hosts_file_provisioning_renders():
     from mlxcluster.launch import builder
 
-    hosts = topology.rank_order(HOSTS, "node1", view())
-    nodes = [{"name": h, "thunderbolt_ip": topology.contact_address(h, HOSTS, "node1", view()), "slots": 1,
+    hosts = addresses.rank_order(HOSTS, "node1", view())
+    nodes = [{"name": h, "thunderbolt_ip": addresses.contact_address(h, HOSTS, "node1", view()), "slots": 1,
               "connection": {"host": view()[h]["ansible_host"]}} for h in hosts]
     cluster = Cluster.from_json({"launcher": "node1", "nodes": nodes,
                                  "cables": cables_of({"cluster": HOSTS, "launcher": ["node1"]}, view())})
-    assert builder.ring_hosts(cluster, ["A=1"]) == topology.links_hostfile(HOSTS, "node1", view(), ["A=1"])
+    assert builder.ring_hosts(cluster, ["A=1"]) == addresses.links_hostfile(HOSTS, "node1", view(), ["A=1"])
 
 
 def test_routes_to_a_neighbours_other_addresses_are_added_once_and_stale_ones_removed():
     from filter_plugins.thunderbolt import thunderbolt_missing_routes, thunderbolt_stale_routes
 
-    ports = topology.ports_of("node1", HOSTS, view())
+    ports = addresses.ports_of("node1", HOSTS, view())
     # As `ip -j -4 route show` lists them: the /30s, one wanted route there already, one stale
     # (a cable gone), and routes that are not the role's (a default route, another interface's).
     now = [{"dst": "10.78.5.0/30", "dev": "en2", "protocol": "kernel", "scope": "link"},
@@ -220,7 +220,7 @@ def test_routes_to_a_neighbours_other_addresses_are_added_once_and_stale_ones_re
 def test_the_pools_addresses_off_the_cable_ports_are_strays_to_remove():
     from filter_plugins.thunderbolt import thunderbolt_stray_addresses
 
-    ports = topology.ports_of("node1", HOSTS, view())
+    ports = addresses.ports_of("node1", HOSTS, view())
     assert {p["pool"] for p in ports} == {"10.78.5.0/24"}
     # As `ip -j addr show` lists them, after a move from bridge to links: the bridge keeps its
     # address in the pool until a reboot. The ports' own, loopback, other networks and the
@@ -259,7 +259,7 @@ def test_every_pair_of_any_cabling_is_reached_at_an_address_ssh_mesh_pins_and_it
         return
     v = {h: {"thunderbolt_links": links, "thunderbolt_link_pool": "10.78.4.0/22",
              "ansible_host": f"10.77.5.{10 + i}", "mpi_slots": 1} for i, h in enumerate(hosts, 1)}
-    nodes = [{"name": h, "thunderbolt_ip": topology.contact_address(h, hosts, hosts[0], v), "slots": 1,
+    nodes = [{"name": h, "thunderbolt_ip": addresses.contact_address(h, hosts, hosts[0], v), "slots": 1,
               "connection": {"host": v[h]["ansible_host"]}} for h in hosts]
     cluster = Cluster.from_json({"launcher": hosts[0], "nodes": nodes,
                                  "cables": cables_of({"cluster": hosts, "launcher": [hosts[0]]}, v)})

@@ -25,6 +25,7 @@ from invoke.exceptions import Exit
 
 from mlxcluster import paths
 from mlxcluster.check import doctor
+from mlxcluster.jobs import request
 from mlxcluster.jobs import train as training
 from mlxcluster.launch import runs
 from tests.unit import fake_inputs
@@ -123,6 +124,7 @@ def run_task(inventory: Path, places: dict[str, str], values: dict[str, Any],
     monkeypatch.setattr(training, "execute", launched)
     # --resume looks for runs in an empty runs/ of the test's, never the repository's.
     monkeypatch.setattr(training, "RUNS", Path(places["missing"]) / "runs")
+    monkeypatch.setattr(request, "RUNS", Path(places["missing"]) / "runs")
     monkeypatch.setattr(runs, "RUNS", Path(places["missing"]) / "runs")
     monkeypatch.setattr(doctor, "preflight", lambda *a, **k: None)
     try:

@@ -17,6 +17,7 @@ from mlxcluster.describe.cluster import Cluster
 from mlxcluster.errors import UserError
 from mlxcluster.jobs import everywhere
 from mlxcluster.jobs import train as training
+from mlxcluster.jobs.request import Options, Request, resumed
 from mlxcluster.launch import builder
 from tests.unit import fake_inputs
 
@@ -30,8 +31,8 @@ def plan(cluster: Cluster, *, data: str = "/d/p", model: str = "/m/t", config: s
     config that exists is used as it is)."""
     config_file = Path(config) if config and Path(config).exists() else (
         fake_inputs.config(config) if config else None)
-    request = training.Request(fake_inputs.dataset(data), fake_inputs.model(model), config_file,
-                               overrides, backend, threads=threads, interactive=False)
+    request = Request(fake_inputs.dataset(data), fake_inputs.model(model), config_file,
+                      overrides, backend, threads=threads, interactive=False)
     return training.plan(cluster, request, run_id="r1", resume=resume)
 
 
@@ -201,9 +202,9 @@ def test_data_model_or_config_without_a_plain_name_is_refused_before_any_copy():
     from mlxcluster.errors import UserError
     cluster = Cluster.from_json(lab_layout())
     for given, says in (("data", "--data /"), ("model", "--model /")):
-        request = training.Request(Path("/") if given == "data" else fake_inputs.dataset("/d/p"),
-                                   Path("/") if given == "model" else fake_inputs.model("/m/t"),
-                                   interactive=False)
+        request = Request(Path("/") if given == "data" else fake_inputs.dataset("/d/p"),
+                          Path("/") if given == "model" else fake_inputs.model("/m/t"),
+                          interactive=False)
         with pytest.raises(UserError, match="letters, digits") as info:
             training.plan(cluster, request, run_id="r1")
         assert says in str(info.value)
@@ -245,6 +246,7 @@ def test_a_resume_gives_the_launcher_the_checkpoints_it_lacks_and_keeps_its_own(
 
 def test_a_resume_with_another_model_is_refused_naming_both(tmp_path, monkeypatch):
     from mlxcluster.errors import UserError
+    from mlxcluster.jobs import request
     from mlxcluster.launch import runs
     from training.model.manifest import manifest_sha256, write_manifest
 
@@ -259,15 +261,15 @@ def test_a_resume_with_another_model_is_refused_naming_both(tmp_path, monkeypatc
     (run / "config.yaml").write_text("iters: 10\n")
     runs.write_info(run, {"data": "/d/pirate", "model": str(models["tiny"]),
                           "model_sha256": manifest_sha256(models["tiny"])})
-    monkeypatch.setattr(training, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(request, "RUNS", tmp_path / "runs")
     monkeypatch.setattr(runs, "RUNS", tmp_path / "runs")
     with pytest.raises(UserError, match=rf"--model {models['other']} is not the model run r1 was "
                                         rf"trained on \({models['tiny']}, manifest sha256"):
-        training._resumed(training.Options(resume="r1", model=str(models["other"])))
+        resumed(Options(resume="r1", model=str(models["other"])))
     # The same model (another copy of it is fine too), or none given: resumed.
-    run_id, options = training._resumed(training.Options(resume="r1", model=str(models["tiny"])))
+    run_id, options = resumed(Options(resume="r1", model=str(models["tiny"])))
     assert run_id == "r1" and options.model == str(models["tiny"])
-    assert training._resumed(training.Options(resume="r1"))[1].model == str(models["tiny"])
+    assert resumed(Options(resume="r1"))[1].model == str(models["tiny"])
 
 
 def dry_run(inventory: Path) -> subprocess.CompletedProcess:
@@ -327,9 +329,9 @@ def test_a_dry_run_before_the_default_model_is_fetched_knows_how_far_it_shards(t
 
     def pending_plan(nodes: int) -> training.Plan:
         cluster = Cluster.from_json(layout).first_nodes(nodes)
-        request = training.Request(fake_inputs.dataset("/d/p"), tmp_path / "not-fetched-yet", None,
-                                   ("--parallel", "tensor"), None, interactive=False, parallel="tensor",
-                                   pending=frozenset({"model"}))
+        request = Request(fake_inputs.dataset("/d/p"), tmp_path / "not-fetched-yet", None,
+                          ("--parallel", "tensor"), None, interactive=False, parallel="tensor",
+                          pending=frozenset({"model"}))
         return training.plan(cluster, request, run_id="r1")
 
     assert "tensor parallel: each of the 3 ranks" in pending_plan(3).said[-1]

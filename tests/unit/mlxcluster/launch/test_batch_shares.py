@@ -12,6 +12,7 @@ from mlxcluster.describe.cluster import Cluster
 from mlxcluster.describe.inventory import cluster_share_errors, inventory_errors
 from mlxcluster.errors import UserError
 from mlxcluster.jobs import train as training
+from mlxcluster.jobs.request import Request
 from mlxcluster.jobs.train import shares_line
 from mlxcluster.launch import batch_shares, runs, settings
 from tests.unit import fake_inputs
@@ -34,8 +35,8 @@ def calibration(**speeds: float) -> dict:
 
 
 def training_plan(cluster: Cluster, found: dict | None, batch: int) -> training.Plan:
-    request = training.Request(fake_inputs.dataset("/d/p"), fake_inputs.model("/m/t"), None,
-                               ("--batch-size", str(batch)), interactive=False, calibration=found)
+    request = Request(fake_inputs.dataset("/d/p"), fake_inputs.model("/m/t"), None,
+                      ("--batch-size", str(batch)), interactive=False, calibration=found)
     return training.plan(cluster, request, run_id="r1")
 
 

@@ -18,6 +18,7 @@ import pytest
 from mlxcluster.describe.cluster import Cluster, Node
 from mlxcluster.describe.inventory import cluster_root_error
 from mlxcluster.jobs import train as training
+from mlxcluster.jobs.request import Request
 from mlxcluster.launch import remote
 from training.model.manifest import write_manifest
 
@@ -81,8 +82,8 @@ def test_every_copy_of_a_plan_lands_where_planned_with_old_rsync(tmp_path, old_r
         (inputs / name).write_text(content)
     write_manifest(inputs / "tiny-model", source="tiny")
     monkeypatch.setattr(training, "RUNS", inputs / "runs")
-    request = training.Request(inputs / "pirate", inputs / "tiny-model", inputs / "my.yaml",
-                               interactive=False)
+    request = Request(inputs / "pirate", inputs / "tiny-model", inputs / "my.yaml",
+                      interactive=False)
     the_plan = training.plan(Cluster.from_json(node_layout(root)), request, run_id="r1", resume=True)
     copies = [cmd for label, cmd in the_plan.steps if not label.startswith("verify")]
     assert len(copies) == 5  # code, data, config, the model, the checkpoints

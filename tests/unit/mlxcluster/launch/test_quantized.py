@@ -14,6 +14,7 @@ import pytest
 from mlxcluster.describe.cluster import Cluster
 from mlxcluster.errors import UserError
 from mlxcluster.jobs import train as training
+from mlxcluster.jobs.request import Request
 from tests.unit import fake_inputs
 from tests.unit.mlxcluster.jobs.test_train import lab_layout
 from training.model.manifest import write_manifest
@@ -42,7 +43,7 @@ def model(name: str, quantization: dict | None = Q4) -> Path:
 
 
 def plan(cluster: Cluster, model_dir: Path, *overrides: str, **request: object) -> training.Plan:
-    asked = training.Request(
+    asked = Request(
         fake_inputs.dataset("/d/p"), model_dir, None, overrides, interactive=False, **request
     )  # type: ignore[arg-type]
     return training.plan(cluster, asked, run_id="r1")

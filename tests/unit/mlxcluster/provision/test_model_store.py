@@ -15,6 +15,7 @@ import pytest
 from mlxcluster.describe.cluster import Cluster, NotReady
 from mlxcluster.errors import UserError
 from mlxcluster.jobs import train as training
+from mlxcluster.jobs.request import Request
 from mlxcluster.provision import inputs, model_store
 from tests.unit import fake_inputs
 from tests.unit.mlxcluster.jobs.test_train import lab_layout
@@ -167,8 +168,8 @@ def test_train_uses_the_installed_model_and_only_verifies_it():
     assert inputs.installed_model(cluster, None) == cluster.head.model
     assert inputs.installed_model(cluster, "/repo/models/tiny") == cluster.head.model
     assert inputs.installed_model(cluster, "/elsewhere/other") is None  # --model other: copied
-    request = training.Request(fake_inputs.dataset("/d/p"), Path("/repo/models/tiny"),
-                               installed="/opt/mlx-cluster/models/tiny", interactive=False)
+    request = Request(fake_inputs.dataset("/d/p"), Path("/repo/models/tiny"),
+                      installed="/opt/mlx-cluster/models/tiny", interactive=False)
     the_plan = training.plan(cluster, request, run_id="r1")
     labels = [label for label, _ in the_plan.steps]
     assert not [label for label in labels if label.startswith("copy the model")]
@@ -179,15 +180,15 @@ def test_train_uses_the_installed_model_and_only_verifies_it():
 
 def test_another_model_under_the_provisioned_ones_name_never_replaces_its_copy():
     cluster = installed_layout()
-    request = training.Request(fake_inputs.dataset("/d/p"), fake_inputs.model("/elsewhere/tiny"),
-                               interactive=False)
+    request = Request(fake_inputs.dataset("/d/p"), fake_inputs.model("/elsewhere/tiny"),
+                      interactive=False)
     the_plan = training.plan(cluster, request, run_id="r1")
     copies = [shlex.join(cmd) for label, cmd in the_plan.steps if label.startswith("copy the model")]
     assert copies and all("/opt/mlx-cluster/models/given/tiny/" in cmd for cmd in copies)
     assert not any("/opt/mlx-cluster/models/tiny/" in cmd for cmd in copies)
     assert "--model /opt/mlx-cluster/models/given/tiny " in the_plan.launch[-1]
     # Another name: its own folder, as before.
-    other = training.plan(cluster, training.Request(fake_inputs.dataset("/d/p"),
+    other = training.plan(cluster, Request(fake_inputs.dataset("/d/p"),
                                                        fake_inputs.model("/m/other"), interactive=False),
                           run_id="r2")
     assert "--model /opt/mlx-cluster/models/other " in other.launch[-1]
