@@ -220,6 +220,19 @@ def jaccl_hosts(cluster: Cluster, backend: str, envs: Sequence[str] = ()) -> dic
 # connection. mlx.launch stops a rank by its shell's pid: the signal is passed on to python.
 RANK_WAITS = ("trap 'kill -TERM $p 2>/dev/null' TERM HUP INT; python \"$@\" & p=$!; wait $p; s=$?; "
               "while kill -0 $p 2>/dev/null; do wait $p; s=$?; done; exit $s")
+# The shell that waits must not hold the program's arguments on its command line: a user's
+# `pkill -9 -f training.finetune` on a node would kill it with python, and ssh would exit 255 as
+# for a lost connection. So the shell mlx.launch starts hands them on in the environment and
+# execs one whose command line is only its script.
+RANK_ARGS = "MLX_CLUSTER_RANK_ARGS"
+
+
+def rank_script(env_file: str, setup: str = "") -> str:
+    """The `bash -c` script of one mlx.launch rank (its arguments: python's): env.sh sourced,
+    the job's setup, then python run as RANK_WAITS says, by a shell without them in its argv."""
+    waits = (f". {shlex.quote(env_file)} || exit $?; {f'{setup}; ' if setup else ''}"
+             f'eval "set -- ${RANK_ARGS}"; unset {RANK_ARGS}; {RANK_WAITS}')
+    return f'export {RANK_ARGS}="$(printf \'%q \' "$@")"; exec bash -c {shlex.quote(waits)}'
 
 
 def mlx_launch_command(cluster: Cluster, job: Job, env: Mapping[str, str]) -> list[str]:
@@ -237,10 +250,8 @@ def mlx_launch_command(cluster: Cluster, job: Job, env: Mapping[str, str]) -> li
            "--python", "bash"]
     for name, value in env.items():
         cmd += ["--env", f"{name}={value}"]
-    setup = f"{job.rank_setup}; " if job.rank_setup else ""
     # The program's own "python" is bash's $0.
-    return [*cmd, "--", "-c", f". {shlex.quote(str(head.env_file))} || exit $?; {setup}{RANK_WAITS}",
-            *job.program]
+    return [*cmd, "--", "-c", rank_script(str(head.env_file), job.rank_setup), *job.program]
 
 
 def command(cluster: Cluster, job: Job) -> list[str]:

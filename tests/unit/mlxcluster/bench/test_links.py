@@ -126,7 +126,7 @@ def test_ring_launch_writes_a_hosts_file_with_one_entry_per_node():
                                "/opt/mlx-cluster/work/link-bench-hosts.json", "--cwd",
                                "/opt/mlx-cluster/work", "--python", "bash"]
     rest = mlx_launch[mlx_launch.index("--"):]  # after the ranks' --env settings
-    assert rest[:3] == ["--", "-c", ". /opt/mlx-cluster/env.sh || exit $?; " + builder.RANK_WAITS]
+    assert rest[:3] == ["--", "-c", builder.rank_script("/opt/mlx-cluster/env.sh")]
     # The pair message is capped at 64 MB even when the all-reduce goes further.
     assert rest[3:10] == ["python", "-m", "training.tools.link_bench", "--max-size", str(256 << 20),
                           "--pair-bytes", str(64 << 20)]

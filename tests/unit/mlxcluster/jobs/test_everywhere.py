@@ -144,7 +144,7 @@ def test_a_python_program_runs_over_mlx_s_ring_with_its_rank_from_mlx_launch():
     assert {"MASTER_ADDR=10.78.5.11", "WORLD_SIZE=2"} <= {words[i + 1] for i, w in enumerate(words)
                                                           if w == "--env"}
     script = words[words.index("--") + 2]
-    assert "MLX_RANK" in script and script.endswith(builder.RANK_WAITS)
+    assert script == builder.rank_script("/opt/mlx-cluster/env.sh", everywhere.RANK_SETUP)
     assert words[words.index("--") + 3:] == ["python", "-m", "training.examples.logistic_regression"]
     with pytest.raises(UserError, match="Python programs only"):
         everywhere.plan(cluster, ["hostname"], backend="ring")

@@ -76,7 +76,7 @@ def test_ring_backend_uses_mlx_launch_and_the_rendered_hosts_json():
            "/opt/mlx-cluster/hosts.json" in line
     assert "--config /opt/mlx-cluster/work/config/my.yaml" in line
     assert "--python bash " in line
-    assert f" -- -c {shlex.quote('. /opt/mlx-cluster/env.sh || exit $?; ' + builder.RANK_WAITS)} python " \
+    assert f" -- -c {shlex.quote(builder.rank_script('/opt/mlx-cluster/env.sh'))} python " \
            "-m training.finetune " in line
 
 

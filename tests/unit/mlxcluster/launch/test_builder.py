@@ -3,7 +3,14 @@
 
 from __future__ import annotations
 
+import os
 import shlex
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
 
 import pytest
 
@@ -154,6 +161,70 @@ def test_a_rank_killed_while_its_node_counted_no_out_of_memory_kill_was_killed_f
     assert "most often out of memory" in describe_failure(layout(), ring, None, "data", [], ["node2"])
 
 
+def rank_shell(tmp_path: Path, *program: str) -> subprocess.Popen:
+    """One mlx.launch rank as ssh starts it on its node: `bash -c <rank_script> python ...`, with
+    an env.sh that puts this interpreter first on PATH as `python`."""
+    (tmp_path / "bin").mkdir(exist_ok=True)
+    if not (tmp_path / "bin" / "python").exists():
+        (tmp_path / "bin" / "python").symlink_to(sys.executable)
+    (tmp_path / "env.sh").write_text(f'export PATH="{tmp_path}/bin:$PATH"\n')
+    script = builder.rank_script(str(tmp_path / "env.sh"), "export RANK_SETUP_RAN=yes")
+    return subprocess.Popen(["bash", "-c", script, "python", *program], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def pids_holding(token: str) -> list[int]:
+    """The processes whose command line holds `token` (as pkill -f matches them)."""
+    found = subprocess.run(["pgrep", "-f", token], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    return [int(pid) for pid in found.stdout.split() if int(pid) != os.getpid()]
+
+
+def started(rank: subprocess.Popen, token: str) -> list[int]:
+    """Waits until python runs under the rank's shell: the pids holding `token` then."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        pids = pids_holding(token)
+        if pids and rank.pid not in pids:  # the shell has exec'd into the one that waits
+            return pids
+        time.sleep(0.05)
+    rank.kill()
+    raise AssertionError(f"python never started: {rank.communicate()}")
+
+
+def test_a_rank_s_arguments_reach_python_intact_after_its_env_file_and_setup(tmp_path):
+    rank = rank_shell(tmp_path, "-c", "import os, sys; print(sys.argv[1:], os.environ['RANK_SETUP_RAN'], "
+                                      "os.environ.get('MLX_CLUSTER_RANK_ARGS'))",
+                      "a b", "it's", "$HOME", "", "*", "--iters", "5")
+    out, err = rank.communicate(timeout=60)
+    assert rank.returncode == 0, err
+    assert out.strip() == str(['a b', "it's", '$HOME', '', '*', '--iters', '5']) + " yes None"
+    failing = rank_shell(tmp_path, "-c", "raise SystemExit(3)")
+    failing.communicate(timeout=60)
+    assert failing.returncode == 3
+
+
+def test_pkill_f_of_the_program_kills_python_alone_and_its_rank_exits_as_killed(tmp_path):
+    """What a user does on a node (`pkill -9 -f training.finetune`) kills the rank's python, not
+    the shell that waits for it: the rank exits 137, which mlx.launch reports and describe_failure
+    names as a kill, where a killed shell would make ssh exit 255, as for a lost connection."""
+    token = f"training.finetune.{uuid.uuid4().hex}"
+    rank = rank_shell(tmp_path, "-c", "import time; time.sleep(120)", token)
+    [python] = started(rank, token)  # only python holds the program's words
+    subprocess.run(["pkill", "-9", "-f", token], check=True, stdin=subprocess.DEVNULL)
+    assert rank.wait(timeout=30) == 128 + signal.SIGKILL
+    rank.communicate()
+    ring = f"[WARN] Node with rank 2 exited with code {rank.returncode}\n"
+    assert describe_failure(layout(), ring).startswith("rank 2 on node2 was killed by signal 9")
+    assert not pids_holding(token)
+    # mlx.launch stops a rank by its shell's pid: the signal reaches python.
+    rank = rank_shell(tmp_path, "-c", "import time; time.sleep(120)", token)
+    [python] = started(rank, token)
+    rank.send_signal(signal.SIGTERM)
+    assert rank.wait(timeout=30) == 128 + signal.SIGTERM
+    rank.communicate()
+    assert not pids_holding(token)
+
+
 # --- the one builder --------------------------------------------------------------------------------
 
 
@@ -233,7 +304,7 @@ def test_a_layout_of_fewer_ranks_than_provisioned_launches_ring_with_hosts_of_it
     # bench.scaling's first nodes) writes its own, with its ranks only.
     cluster = layout(node1={"slots": 1}, node2={"slots": 1})
     whole = " ".join(builder.command(cluster, Job(["x"], backend="ring")))
-    assert f"--hostfile {cluster.head.cluster_root}/hosts.json" in whole and "printf" not in whole
+    assert f"--hostfile {cluster.head.cluster_root}/hosts.json" in whole and "printf '%s" not in whole
     assert cluster.one_rank_per_node().provisioned  # the same ranks: the provisioned file still fits
     one = cluster.first_nodes(1)
     assert not one.provisioned
