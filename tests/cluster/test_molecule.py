@@ -4,13 +4,19 @@ Each role has its `default` scenario; a role with variants has one more per vari
 `links`: per-cable networks). `molecule test -s <scenario>` in the role directory: fresh lab hosts
 (molecule/shared/create.yml), prepare, converge, a second converge that must change nothing, the
 scenario's checks (verify.yml), and the lab taken down again (molecule/shared/destroy.yml).
+
+The scenarios run two at a time, each on a lab of its own (the test lab and the next number):
+a scenario is mostly ansible waiting on its hosts, so two share this machine's cores well.
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import subprocess
 import sys
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -22,9 +28,10 @@ pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 ROLES = ["thunderbolt", "ssh_mesh", "openmpi", "python_env", "model", "hostfile", "macos", "apt_packages"]
-# The lab number the cluster tests use (see conftest.py); each scenario brings it up
-# and takes it down, so it must not run while another test holds the same lab.
-LAB_ID = os.environ.get("MLX_TEST_LAB_ID", "5")
+# The lab number the cluster tests use (see conftest.py) and the next: each scenario brings one
+# up and takes it down, so they must not run while another test holds the same labs.
+LAB_ID = int(os.environ.get("MLX_TEST_LAB_ID", "5"))
+LAB_IDS = (LAB_ID, (LAB_ID + 1) % 10)
 
 
 def scenarios() -> list[tuple[str, str]]:
@@ -35,12 +42,42 @@ def scenarios() -> list[tuple[str, str]]:
     return sorted(found, key=lambda rs: (order.get(rs[0], len(ROLES)), rs[0], rs[1] != "default", rs[1]))
 
 
+def run_scenario(role: str, scenario: str, labs: queue.Queue[int]) -> subprocess.CompletedProcess:
+    """`molecule test -s <scenario>` in the role's directory, on a lab taken from `labs` (given
+    back after)."""
+    lab = labs.get()
+    try:
+        # molecule runs ansible-config and ansible-playbook from PATH.
+        env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
+               "MLX_LAB_ID": str(lab), "ANSIBLE_FORCE_COLOR": "0", "NO_COLOR": "1"}
+        env.pop("MOLECULE_EPHEMERAL_DIRECTORY", None)
+        proc = subprocess.run([str(VENV_BIN / "molecule"), "test", "-s", scenario], cwd=REPO / "roles" / role,
+                              env=env, capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            # molecule destroys after a failed step, but not when it dies itself.
+            hosts.down(lab)
+        return proc
+    finally:
+        labs.put(lab)
+
+
 @pytest.fixture(scope="module")
-def offline_cache() -> None:
-    """Lab hosts install from the machine's caches: fill them once (quick when full)."""
+def scenario_runs() -> Iterator[dict[tuple[str, str], Future[subprocess.CompletedProcess]]]:
+    """Every scenario started, two at a time; each test waits for its own."""
     if os.geteuid() != 0:
         pytest.skip("molecule scenarios need root (network namespaces)")
+    # Lab hosts install from the machine's caches: fill them once (quick when full).
     cache.prepare_offline_cache()
+    labs: queue.Queue[int] = queue.Queue()
+    for lab in LAB_IDS:
+        labs.put(lab)
+    with ThreadPoolExecutor(max_workers=len(LAB_IDS)) as pool:
+        runs = {rs: pool.submit(run_scenario, *rs, labs) for rs in scenarios()}
+        try:
+            yield runs
+        finally:
+            for run in runs.values():
+                run.cancel()
 
 
 def test_every_role_has_a_scenario() -> None:
@@ -64,17 +101,9 @@ def test_molecule_finds_the_shared_base_config_from_a_role() -> None:
 
 
 @pytest.mark.parametrize(("role", "scenario"), [pytest.param(*rs, id="-".join(rs)) for rs in scenarios()])
-def test_molecule_scenario_passes(role: str, scenario: str, offline_cache: None) -> None:
-    # molecule runs ansible-config and ansible-playbook from PATH.
-    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
-           "MLX_LAB_ID": LAB_ID, "ANSIBLE_FORCE_COLOR": "0", "NO_COLOR": "1"}
-    env.pop("MOLECULE_EPHEMERAL_DIRECTORY", None)
-    proc = subprocess.run([str(VENV_BIN / "molecule"), "test", "-s", scenario], cwd=REPO / "roles" / role,
-                          env=env, capture_output=True, text=True, timeout=1800)
+def test_molecule_scenario_passes(role: str, scenario: str, scenario_runs) -> None:
+    proc = scenario_runs[role, scenario].result()
     output = proc.stdout + proc.stderr
-    if proc.returncode != 0:
-        # molecule destroys after a failed step, but not when it dies itself.
-        hosts.down(int(LAB_ID))
     assert proc.returncode == 0, output[-6000:]
     assert "idempotence: Executed: Successful" in output, output[-3000:]
     assert "verify: Executed: Successful" in output, output[-3000:]
