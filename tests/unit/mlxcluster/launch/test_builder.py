@@ -209,7 +209,7 @@ def test_pkill_f_of_the_program_kills_python_alone_and_its_rank_exits_as_killed(
     names as a kill, where a killed shell would make ssh exit 255, as for a lost connection."""
     token = f"training.finetune.{uuid.uuid4().hex}"
     rank = rank_shell(tmp_path, "-c", "import time; time.sleep(120)", token)
-    [python] = started(rank, token)  # only python holds the program's words
+    assert len(started(rank, token)) == 1  # only python holds the program's words
     subprocess.run(["pkill", "-9", "-f", token], check=True, stdin=subprocess.DEVNULL)
     assert rank.wait(timeout=30) == 128 + signal.SIGKILL
     rank.communicate()
@@ -218,7 +218,7 @@ def test_pkill_f_of_the_program_kills_python_alone_and_its_rank_exits_as_killed(
     assert not pids_holding(token)
     # mlx.launch stops a rank by its shell's pid: the signal reaches python.
     rank = rank_shell(tmp_path, "-c", "import time; time.sleep(120)", token)
-    [python] = started(rank, token)
+    assert len(started(rank, token)) == 1
     rank.send_signal(signal.SIGTERM)
     assert rank.wait(timeout=30) == 128 + signal.SIGTERM
     rank.communicate()
