@@ -479,15 +479,17 @@ def bench_calibrate(c, inventory=None, iters=None, batch_size=None, data=None, m
     "output", id=SHARED_HELP["lab"], nodes="Lab hosts (default 3)",
     iters="Steps of each run (default 40)", save_every="Steps between checkpoints (default 10)",
     faults="Which, comma-separated: kill, freeze, unplug, disk, controller (default: all)",
-    parallel="data (default) or tensor: the stand-in model sharded across the nodes, then the nodes left"))
+    parallel="data (default) or tensor: the stand-in model sharded across the nodes, then the nodes left",
+    shares="A batch_share weight per node, comma-separated (mixed Macs), e.g. 3,3,1,1"))
 def bench_faults(c, nodes=None, iters=None, save_every=None, faults=None, id=None, output=None,
-                 parallel=None):
+                 parallel=None, shares=None):
     """A fresh lab; a run per fault on its last node (or the controller), a few steps after a
     checkpoint: time to training again, steps lost, adapters against an uninterrupted run's."""
     bench_faults_module.run(_whole(nodes, "--nodes", 2, 9) or 3, _whole(id, "--id", 0, 9) or 8,
                             _whole(iters, "--iters") or 40, _whole(save_every, "--save-every") or 10,
                             faults.split(",") if faults else bench_faults_module.FAULTS, output,
-                            flags.one_of(parallel, "--parallel", MODES) or "data")
+                            flags.one_of(parallel, "--parallel", MODES) or "data",
+                            flags.whole_numbers(shares, "--shares") or ())
 
 
 ns = Collection(provision, hostfile, topology, doctor, train, run, serve, fuse, generate, lint, test,

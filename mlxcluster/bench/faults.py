@@ -18,6 +18,10 @@ against the reference: the loss of the first step after the resume (the same tra
 rounding apart), the final loss and the largest difference of the final adapters. kill, freeze and
 unplug go on without the node (`invoke train` restarts by itself); disk and controller on every
 node, from the checkpoint they left, after `invoke train --resume`.
+
+With `--shares 3,3,1,1` the nodes are mixed Macs (batch_share weights in the inventory): each
+global batch is split in those proportions, and after a fault in the proportions of the nodes
+left, the global batch the same (the run's shares before and after are reported).
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from mlxcluster.bench import provision, results
 from mlxcluster.describe.cluster import recorded
@@ -235,6 +241,7 @@ def one_fault(fault: str, lab: hosts.Lab, inventory: Path, inputs: tuple[Path, P
     if run is not None:
         found |= {"run": run.name, "world_sizes": _read(run / "summary.json").get("world_sizes"),
                   "attempts": _read(run / "run.json").get("attempts"),
+                  "batch_shares": _read(run / "run.json").get("batch_shares"),
                   **against_reference(run, reference, found.get("resumed_from_step"))}
     else:
         found["output"] = output[-1500:]
@@ -277,14 +284,27 @@ def verdict(result: dict[str, Any]) -> list[str]:
     return wrong
 
 
+def with_shares(inventory: Path, shares: Sequence[float]) -> None:
+    """The lab's inventory with a batch_share weight per node, in node order (mixed Macs)."""
+    data = yaml.safe_load(inventory.read_text())
+    nodes = data["cluster"]["children"]["linux"]["hosts"]
+    for name, share in zip(sorted(nodes, key=lambda n: int(n.removeprefix("node"))), shares, strict=True):
+        nodes[name]["batch_share"] = share
+    inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
 def run(nodes: int = 3, lab_id: int = 8, iters: int = 40, save_every: int = 10,
-        faults: Sequence[str] = FAULTS, output: str | None = None, parallel: str = "data") -> Path:
+        faults: Sequence[str] = FAULTS, output: str | None = None, parallel: str = "data",
+        shares: Sequence[float] = ()) -> Path:
     """Every fault in `faults` on a fresh lab of `nodes` hosts, training in `parallel` mode (data,
-    or tensor: the stand-in's heads divide among every count of ranks a fault leaves); the JSON
-    written."""
+    or tensor: the stand-in's heads divide among every count of ranks a fault leaves), the nodes
+    weighted by `shares` if given; the JSON written."""
     parallel_flags(parallel)  # refuses another word
     if nodes < 2:
         raise UserError("--nodes: a fault on one of them needs at least 2 nodes")
+    if shares and (len(shares) != nodes or parallel == "tensor"):
+        raise UserError(f"--shares: one weight per node ({nodes}), and data parallelism only (a "
+                        "tensor-parallel rank takes the whole batch)")
     if unknown := [f for f in faults if f not in FAULTS]:
         raise UserError(f"--faults: {', '.join(unknown)} unknown; choose from {', '.join(FAULTS)}")
     fault_step = save_every + save_every // 2  # half an interval of work is lost
@@ -296,8 +316,11 @@ def run(nodes: int = 3, lab_id: int = 8, iters: int = 40, save_every: int = 10,
                 f"--save-every {save_every} --stall-timeout 10")
     with tempfile.TemporaryDirectory(prefix="mlx-faults-") as tmp, hosts.fresh(nodes, lab_id) as inventory:
         lab = hosts.Lab(lab_id)
+        if shares:
+            with_shares(inventory, shares)
         result: dict[str, Any] = {"benchmark": "faults", "date": results.date(), "nodes": nodes,
-                                  "parallel": parallel, "iters": iters, "save_every": save_every,
+                                  "parallel": parallel, "shares": list(shares) or None,
+                                  "iters": iters, "save_every": save_every,
                                   "fault_at_step": fault_step,
                                   "settings": settings, "provision": provision.twice(inventory, nodes)}
         # Tensor parallel: heads that divide among the nodes, and among the nodes a fault leaves.
@@ -311,18 +334,25 @@ def run(nodes: int = 3, lab_id: int = 8, iters: int = 40, save_every: int = 10,
             said = "\n".join(line for _, line in timeline.lines[-30:])
             raise UserError(f"the uninterrupted run failed:\n{said}")
         took = timeline.lines[-1][0] - timeline.lines[0][0]
-        result["reference"] = {"run": reference.name, "seconds": round(took, 1)}
+        result["reference"] = {"run": reference.name, "seconds": round(took, 1),
+                               "batch_shares": _read(reference / "run.json").get("batch_shares")}
         result["faults"] = [one_fault(fault, lab, inventory, inputs, settings, fault_step, reference, nodes,
                                       flags) for fault in faults]
     result["wrong"] = verdict(result)
-    summary = "\n".join(
-        f"{found['fault']:>10}: {'finished' if found.get('finished') else 'FAILED'} on "
-        f"{found.get('world_sizes')} ranks; training again {found.get('fault_to_training_s')} s after "
-        f"the fault, {found.get('steps_lost')} steps lost; against the uninterrupted run: first "
-        f"step's loss {found.get('first_step_loss_difference')}, final loss "
-        f"{found.get('final_train_loss')} / {found.get('final_train_loss_uninterrupted')}, "
-        f"adapters {found.get('max_adapter_difference')}" for found in result["faults"])
+    summary = "\n".join(summary_line(found, bool(shares)) for found in result["faults"])
     return results.held("faults", result, output, summary, "a fault was not gone through")
+
+
+def summary_line(found: dict[str, Any], shares: bool) -> str:
+    """One fault's figures, as the bench prints them."""
+    ranks = f"{found.get('world_sizes')} ranks"
+    if shares:
+        ranks += f" (shares {found.get('batch_shares')})"
+    return (f"{found['fault']:>10}: {'finished' if found.get('finished') else 'FAILED'} on {ranks}; "
+            f"training again {found.get('fault_to_training_s')} s after the fault, "
+            f"{found.get('steps_lost')} steps lost; against the uninterrupted run: first step's loss "
+            f"{found.get('first_step_loss_difference')}, final loss {found.get('final_train_loss')} / "
+            f"{found.get('final_train_loss_uninterrupted')}, adapters {found.get('max_adapter_difference')}")
 
 
 def stand_in(folder: Path, ranks: int = 2) -> tuple[Path, Path]:

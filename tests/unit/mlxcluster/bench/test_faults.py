@@ -71,7 +71,22 @@ def test_the_restarted_run_is_held_to_the_uninterrupted_one_at_the_first_step_it
     ({"faults": ["kill", "fire"]}, "fire unknown"),
     ({"iters": 16}, "give at least 18"),
     ({"parallel": "pipeline"}, "--parallel must be data or tensor"),
+    ({"nodes": 4, "shares": [3, 1]}, "one weight per node"),
+    ({"nodes": 2, "shares": [3, 1], "parallel": "tensor"}, "data parallelism only"),
 ])
 def test_a_benchmark_that_cannot_be_run_is_refused_before_any_lab(args, message):
     with pytest.raises(UserError, match=message):
         faults.run(**args)
+
+
+def test_mixed_macs_are_the_lab_inventory_s_nodes_with_batch_share_weights(tmp_path):
+    import yaml
+
+    inventory = tmp_path / "hosts.yml"  # the shape of mlxcluster/lab/hosts.py's write_inventory
+    inventory.write_text(yaml.safe_dump({"cluster": {"children": {"linux": {"hosts": {
+        f"node{i}": {"ansible_host": f"10.0.0.{i}", "mpi_slots": 1} for i in (1, 2, 10)}}}}}))
+    faults.with_shares(inventory, [3, 1, 2])
+    nodes = yaml.safe_load(inventory.read_text())["cluster"]["children"]["linux"]["hosts"]
+    shares = {name: host["batch_share"] for name, host in nodes.items()}
+    assert shares == {"node1": 3, "node2": 1, "node10": 2}
+    assert nodes["node10"]["mpi_slots"] == 1
