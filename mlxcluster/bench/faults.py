@@ -233,19 +233,24 @@ def one_fault(fault: str, lab: hosts.Lab, inventory: Path, inputs: tuple[Path, P
                 with_signal(pid, signal.SIGKILL)
         if fault == "disk":
             launcher_line(inventory, f"umount {runs_dir}")
+    return found | outcome(timeline, proc.returncode, reference, found.get("resumed_from_step"))
+
+
+def outcome(timeline: Timeline, code: int | None, reference: Path,
+            resumed_from: int | None) -> dict[str, Any]:
+    """How a run that went through a fault ended (exit status `code`): the restart it said, the
+    ranks it ended on and its shares, and its figures against the reference run's."""
     output = "\n".join(line for _, line in timeline.lines)
     run = runs.named_in(output)
     said = [line for line in output.splitlines() if line.startswith("==> ") and " is left out (" in line]
-    found |= {"finished": proc.returncode == 0 and run is not None, "exit": proc.returncode,
-              "restart_said": said[0] if said else None}
-    if run is not None:
-        found |= {"run": run.name, "world_sizes": _read(run / "summary.json").get("world_sizes"),
-                  "attempts": _read(run / "run.json").get("attempts"),
-                  "batch_shares": _read(run / "run.json").get("batch_shares"),
-                  **against_reference(run, reference, found.get("resumed_from_step"))}
-    else:
-        found["output"] = output[-1500:]
-    return found
+    found: dict[str, Any] = {"finished": code == 0 and run is not None, "exit": code,
+                             "restart_said": said[0] if said else None}
+    if run is None:
+        return found | {"output": output[-1500:]}
+    info = _read(run / "run.json")
+    return found | {"run": run.name, "world_sizes": _read(run / "summary.json").get("world_sizes"),
+                    "attempts": info.get("attempts"), "batch_shares": info.get("batch_shares"),
+                    **against_reference(run, reference, resumed_from)}
 
 
 def with_signal(pid: int, sig: int) -> None:
