@@ -330,7 +330,7 @@ def bench_rehearsal(c, nodes=None, cables=None, steps=None, id=None, output=None
     "blas_iters": "Steps of each BLAS run (default 3, as stock mlx[cpu] takes over a minute a "
                   "step; 0 skips BLAS)",
     "quality_iters": "Steps of the pirate fine-tune that quality is measured on "
-                     "(default: the config's, 200; 0 skips quality)",
+                     "(default: the config's, 40; 0 skips quality)",
     "overhead_iters": "Steps of each overhead run, ours and stock mlx_lm lora (default 40; 0 "
                       "skips the overhead comparison)",
     "overhead_rounds": "Overhead rounds, each our run then stock's (default 2)",
