@@ -43,12 +43,38 @@ def is_lab_test(path: Path) -> bool:
     return any(a == "tests" and b in LAB_TESTS for a, b in itertools.pairwise(parts))
 
 
+# pytest.importorskip's reason: a dependency that is missing would drop every test of a module
+# without a word. Every dependency of the tests is pinned in pyproject.toml, so where the lab must
+# run (CI) such a skip is a broken install, not a choice.
+IMPORT_SKIP = "could not import"
+
+
+def _reason(report: pytest.TestReport | pytest.CollectReport) -> str:
+    return report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
     outcome = yield
     report = outcome.get_result()
-    if report.skipped and not hasattr(report, "wasxfail") and lab_required() and is_lab_test(item.path):
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    if not (report.skipped and not hasattr(report, "wasxfail") and lab_required()):
+        return
+    reason = _reason(report)
+    if is_lab_test(item.path):
         report.outcome = "failed"
         report.longrepr = (f"a lab test was skipped where the lab must run ({reason}): a lab that cannot "
                            "start is a failure here (MLX_LAB_REQUIRED=0 allows it)")
+    elif IMPORT_SKIP in reason:
+        report.outcome = "failed"
+        report.longrepr = f"a test was skipped for a missing dependency ({reason}): run bin/setup"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
+    """A module skipped whole at import (a module-level importorskip) fails where the lab must run."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and lab_required() and IMPORT_SKIP in _reason(report):
+        report.outcome = "failed"
+        report.longrepr = (f"{collector.nodeid}: skipped whole for a missing dependency ({_reason(report)}): "
+                           "run bin/setup (MLX_LAB_REQUIRED=0 allows it)")

@@ -11,13 +11,15 @@ import pytest
 from tests.cluster.conftest import PlaybookRun
 from tests.conftest import REPO
 
+# The harness's hooks, in a pytester run of its own.
+HOOKS = (f"import sys\nsys.path.insert(0, {str(REPO)!r})\n"
+         "from tests.conftest import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401\n")
 SKIPS = "import pytest\n\n\ndef test_it():\n    pytest.skip('no network namespaces here')\n"
 
 
 @pytest.fixture
 def lab_and_unit_tests(pytester: pytest.Pytester) -> pytest.Pytester:
-    pytester.makeconftest(f"import sys\nsys.path.insert(0, {str(REPO)!r})\n"
-                          "from tests.conftest import pytest_runtest_makereport  # noqa: F401\n")
+    pytester.makeconftest(HOOKS)
     for folder in ("tests/cluster", "tests/contract", "tests/unit"):
         (pytester.path / folder).mkdir(parents=True)
         (pytester.path / folder / f"test_{folder.split('/')[1]}.py").write_text(SKIPS)
@@ -38,6 +40,27 @@ def test_a_skipped_lab_test_is_a_skip_where_it_cannot_run(lab_and_unit_tests, mo
     result = lab_and_unit_tests.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(skipped=3)
     assert result.ret == 0
+
+
+MISSING = "no_such_dependency_of_the_tests"
+# pytest.importorskip at a module's top or in a test would drop its tests without a word.
+IMPORT_SKIPS = {"module": f"import pytest\n\npytest.importorskip({MISSING!r})\n\n\ndef test_a():\n    pass\n",
+                "test": f"import pytest\n\n\ndef test_b():\n    pytest.importorskip({MISSING!r})\n"}
+
+
+@pytest.mark.parametrize("where, required", [("module", "1"), ("test", "1"), ("module", "0")])
+def test_a_missing_dependency_fails_where_the_lab_must_run(pytester, monkeypatch, where, required):
+    pytester.makeconftest(HOOKS)
+    (pytester.path / "tests/unit").mkdir(parents=True)
+    (pytester.path / "tests/unit/test_it.py").write_text(IMPORT_SKIPS[where])
+    monkeypatch.setenv("MLX_LAB_REQUIRED", required)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    if required == "1":
+        result.stdout.fnmatch_lines(["*missing dependency*run bin/setup*"])
+        assert result.ret != 0
+    else:
+        result.assert_outcomes(skipped=1)  # a developer without the lab: a skip, as before
+        assert result.ret in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED)
 
 
 def recap(returncode: int, stdout: str) -> PlaybookRun:

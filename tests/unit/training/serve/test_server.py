@@ -17,14 +17,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import openai
 import pytest
 from mlx_lm import load, stream_generate
 
 from training.model import stand_in
 from training.serve import READY
 from training.serve import adapters as served_adapters
-
-openai = pytest.importorskip("openai")
 
 # 6 query heads in 3 key-value groups: 2 ranks take 2 groups and 1 (training/sharding/head_groups.py).
 SHAPE = {"hidden_size": 96, "num_attention_heads": 6, "num_key_value_heads": 3, "intermediate_size": 128,
