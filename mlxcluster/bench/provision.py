@@ -37,27 +37,27 @@ def by_role(profile: Sequence[tuple[str, float]]) -> dict[str, float]:
 
 
 def _summary(run: ansible.TimedRun) -> dict[str, Any]:
-    return {"seconds": round(run.seconds, 1), "changed": run.changed(),
-            "tasks_per_host": run.tasks_per_host(),
-            "seconds_by_role": by_role(run.profile),
-            "slowest_tasks": [{"task": task, "seconds": seconds}
-                              for task, seconds in run.profile[:TOP]],
-            "tasks": dict(run.profile),
-            "recap": run.recap}
+    profile = run.recap.profile
+    return {"seconds": round(run.seconds, 1), "changed": run.recap.changed(),
+            "tasks_per_host": run.recap.tasks_per_host(),
+            "seconds_by_role": by_role(profile),
+            "slowest_tasks": [{"task": task, "seconds": seconds} for task, seconds in profile[:TOP]],
+            "tasks": dict(profile),
+            "recap": run.recap.stats}
 
 
 def twice(inventory: Path, nodes: int) -> dict[str, Any]:
     """A first and a second site.yml run on the fresh lab of `inventory`, each profiled."""
     with tempfile.TemporaryDirectory(prefix="mlx-bench-facts-") as facts:
         cmd = ansible.provision(inventory)
-        env = {**hosts.ansible_env(Path(facts)), **ansible.PROFILE_ENV}
+        env = hosts.ansible_env(Path(facts))
         print(f"==> provision: {nodes} nodes, first run", flush=True)
         first = ansible.timed_run(cmd, env)
         print(f"==> provision: {nodes} nodes, second run", flush=True)
         second = ansible.timed_run(cmd, env)
     return {"nodes": nodes, "first_run_s": round(first.seconds, 1), "second_run_s": round(second.seconds, 1),
             "second_over_first": round(second.seconds / first.seconds, 3),
-            "changed_first_run": first.changed(), "changed_second_run": second.changed(),
+            "changed_first_run": first.recap.changed(), "changed_second_run": second.recap.changed(),
             "first_run": _summary(first), "second_run": _summary(second)}
 
 

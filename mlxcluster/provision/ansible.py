@@ -7,11 +7,11 @@ of the hostfiles and the recorded layout into the inventory's build folder (mlxc
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -59,49 +59,15 @@ def render_hostfiles(inventory: str | Path, output: str | Path, *,
     return ansible_playbook(str(REPO / "playbooks" / "render.yml"), inventory, extra_vars=extra)
 
 
-_RECAP = re.compile(
-    r"^(?P<host>\S+)\s+:\s+ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+"
-    r"unreachable=(?P<unreachable>\d+)\s+failed=(?P<failed>\d+)(?:\s+skipped=(?P<skipped>\d+))?",
-    re.M)
-# A line of the profile_tasks callback's summary: "role : Task name ------- 21.71s".
-_PROFILE_LINE = re.compile(r"^(?P<task>\S.*?) -{2,} (?P<seconds>\d+(?:\.\d+)?)s$", re.M)
-# Enables that summary (ansible.posix.profile_tasks) for every task of the run.
-PROFILE_ENV = {"ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks",
-               "PROFILE_TASKS_TASK_OUTPUT_LIMIT": "all"}
-
-
-@dataclass(frozen=True)
-class TimedRun:
-    seconds: float
-    recap: dict[str, dict[str, int]]
-    # (task, seconds), slowest first: the profile_tasks summary when PROFILE_ENV was set
-    profile: list[tuple[str, float]]
-
-    def tasks_per_host(self) -> dict[str, int]:
-        """Tasks each host went through (run or skipped)."""
-        return {host: c["ok"] + c["failed"] + c["skipped"] for host, c in self.recap.items()}
-
-    def changed(self) -> int:
-        return sum(c["changed"] for c in self.recap.values())
-
-
-def parse_recap(output: str) -> dict[str, dict[str, int]]:
-    """Per-host counters from the PLAY RECAP of an ansible-playbook run."""
-    return {m["host"]: {k: int(m[k] or 0)
-                        for k in ("ok", "changed", "unreachable", "failed", "skipped")}
-            for m in _RECAP.finditer(output)}
-
-
-def parse_profile(output: str) -> list[tuple[str, float]]:
-    """The profile_tasks summary of a run: (task, seconds), slowest first (none without it)."""
-    _, found, summary = output.partition("TASKS RECAP")
-    if not found:
-        return []
-    rows = [(m["task"], float(m["seconds"])) for m in _PROFILE_LINE.finditer(summary)]
-    return sorted(rows, key=lambda row: -row[1])
-
-
+# ansible.posix.json: the whole run as one JSON document (each task's hosts' results and its
+# start and end, the stats per host). The one way this project reads what a run did: the tests,
+# the benches and the preview alike.
 JSON_OUTPUT = {"ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json"}
+
+
+class UnreadableRecap(UserError):
+    """A run whose JSON document cannot be read: it has no changes, stats or failures to offer (an
+    idempotence check that read such a run as "changed 0" would pass whatever the run did)."""
 
 
 def json_document(stdout: str) -> dict[str, Any] | None:
@@ -122,6 +88,81 @@ def task_results(document: Mapping[str, Any]) -> Iterator[tuple[str, str, dict[s
                 yield host, task["task"]["name"], result
 
 
+def _seconds(duration: Mapping[str, str]) -> float:
+    """A task's time from the callback's start and end ("2026-11-27T20:05:48.123456Z")."""
+    if "end" not in duration:
+        return 0.0  # a task with no result yet (the run stopped in it)
+    start, end = (datetime.fromisoformat(duration[k].rstrip("Z")) for k in ("start", "end"))
+    return (end - start).total_seconds()
+
+
+@dataclass(frozen=True)
+class Recap:
+    """What one ansible-playbook run did, read from its JSON document (JSON_OUTPUT)."""
+
+    document: Mapping[str, Any]
+
+    @classmethod
+    def read(cls, stdout: str, stderr: str = "") -> Recap:
+        """The run's recap, or an UnreadableRecap that shows the output's tail."""
+        document = json_document(stdout)
+        if document is None or not isinstance(document.get("stats"), dict):
+            raise UnreadableRecap("ansible-playbook's JSON recap could not be read (was it run with "
+                                  f"ansible.JSON_OUTPUT?):\n{stdout[-1500:]}\n{stderr[-1500:]}")
+        return cls(document)
+
+    @property
+    def stats(self) -> dict[str, dict[str, int]]:
+        """host -> its counters as Ansible keeps them (ok, changed, unreachable, failures, skipped,
+        rescued, ignored)."""
+        return {host: dict(counters) for host, counters in self.document["stats"].items()}
+
+    def results(self) -> Iterator[tuple[str, str, dict[str, Any]]]:
+        return task_results(self.document)
+
+    def changed(self) -> int:
+        """Changes summed over the hosts."""
+        return sum(c["changed"] for c in self.stats.values())
+
+    def tasks_per_host(self) -> dict[str, int]:
+        """Tasks each host went through (run or skipped)."""
+        return {host: c["ok"] + c["failures"] + c["skipped"] for host, c in self.stats.items()}
+
+    @property
+    def changed_tasks(self) -> dict[str, list[str]]:
+        """host -> names of the tasks that reported `changed`."""
+        found: dict[str, list[str]] = {}
+        for host, name, result in self.results():
+            if result.get("changed"):
+                found.setdefault(host, []).append(name)
+        return found
+
+    @property
+    def failures(self) -> dict[str, list[str]]:
+        """host -> messages of failed/unreachable results."""
+        found: dict[str, list[str]] = {}
+        for host, _, result in self.results():
+            if result.get("failed") or result.get("unreachable"):
+                found.setdefault(host, []).append(str(result.get("msg", "")))
+        return found
+
+    @property
+    def profile(self) -> list[tuple[str, float]]:
+        """(task, seconds) of the run, slowest first; a role's task is named "role : Task"."""
+        spent: dict[str, float] = {}
+        for play in self.document.get("plays", []):
+            for task in play.get("tasks", []):
+                name = task["task"]["name"]
+                spent[name] = spent.get(name, 0.0) + _seconds(task["task"].get("duration", {}))
+        return sorted(((name, round(seconds, 3)) for name, seconds in spent.items()), key=lambda row: -row[1])
+
+
+@dataclass(frozen=True)
+class TimedRun:
+    seconds: float
+    recap: Recap
+
+
 def refusal(stdout: str) -> str | None:
     """What the failed tasks of a run said (ansible.posix.json's output), one message per line
     with no Ansible around it: validate.yml's list of an inventory's problems, say. None when
@@ -137,13 +178,14 @@ def refusal(stdout: str) -> str | None:
 
 
 def timed_run(cmd: list[str], env: Mapping[str, str] | None = None) -> TimedRun:
-    """Run a playbook quietly: how long it took, its recap and profile; a UserError with its
-    output's tail if it fails."""
+    """Run a playbook quietly: how long it took and its recap; a UserError with what failed if it
+    fails, an UnreadableRecap if what it did cannot be read."""
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, env=local.tool_env(env), capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=REPO, env=local.tool_env({**(env or {}), **JSON_OUTPUT}),
+                          capture_output=True, text=True)
     elapsed = time.perf_counter() - start
     if proc.returncode != 0:
-        # Run with JSON_OUTPUT, a refusal (validate.yml's) is said alone; else the output's tail.
+        # A refusal (validate.yml's) is said alone; else the output's tail.
         raise UserError(refusal(proc.stdout)
                         or f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}")
-    return TimedRun(elapsed, parse_recap(proc.stdout), parse_profile(proc.stdout))
+    return TimedRun(elapsed, Recap.read(proc.stdout, proc.stderr))

@@ -32,7 +32,14 @@ TEST_LAB_ID = int(os.environ.get("MLX_TEST_LAB_ID", "5"))
 # test_docs.py runs its dry runs on the two nodes test_train.py trains on (`provisioned`), so it
 # goes just before test_train.py: after test_molecule.py, which brings the same lab number up and
 # down, and test_site.py, which wants fresh nodes, and before test_train.py stops node2 for good.
-RUNS_JUST_BEFORE = {"test_docs.py": ("test_train.py", "test_train_links.py")}
+# test_run_job.py stops `invoke run` on the same two nodes: after test_site.py too, then just
+# before test_train.py (after test_docs.py: moved in this order). test_restarts.py trains on the
+# three nodes test_site.py provisioned: after it, before the modules that provision two of them
+# (moved last: before test_docs.py where that one was moved).
+RUNS_JUST_BEFORE = {"test_docs.py": ("test_train.py", "test_train_links.py"),
+                    "test_run_job.py": ("test_train.py", "test_train_links.py"),
+                    "test_restarts.py": ("test_docs.py", "test_run_job.py", "test_train.py",
+                                         "test_train_links.py")}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -56,50 +63,43 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @dataclass
 class PlaybookRun:
-    """One ansible-playbook run, digested from its JSON output. A run whose recap cannot be read
-    has no stats, changes or failures to offer: asking for them fails the test (an idempotence
-    check on an unreadable recap would otherwise pass whatever the run did)."""
+    """One ansible-playbook run, digested from its JSON output by the product's own reader
+    (ansible.Recap). A run whose recap cannot be read has no stats, changes or failures to offer:
+    asking for them fails the test (an idempotence check on an unreadable recap would otherwise
+    pass whatever the run did)."""
 
     returncode: int
     stdout: str
     stderr: str
-    recap: dict[str, Any] | None = None  # ansible.posix.json's document, None if it could not be read
 
     @classmethod
     def of(cls, proc: subprocess.CompletedProcess) -> PlaybookRun:
-        return cls(proc.returncode, proc.stdout, proc.stderr, ansible.json_document(proc.stdout))
+        return cls(proc.returncode, proc.stdout, proc.stderr)
 
-    def _read(self) -> dict[str, Any]:
-        if self.recap is None or "stats" not in self.recap:
-            raise AssertionError("ansible-playbook's JSON recap could not be read "
-                                 f"(exit {self.returncode}):\n{self.stdout[-1500:]}\n{self.stderr[-1500:]}")
-        return self.recap
+    @property
+    def recap(self) -> ansible.Recap:
+        try:
+            return ansible.Recap.read(self.stdout, self.stderr)
+        except ansible.UnreadableRecap as unreadable:
+            raise AssertionError(f"exit {self.returncode}: {unreadable}") from None
 
     def results(self) -> Iterator[tuple[str, str, dict[str, Any]]]:
-        return ansible.task_results(self._read())
+        return self.recap.results()
 
     @property
     def stats(self) -> dict[str, dict[str, int]]:
         """host -> counters from the run's stats."""
-        return self._read()["stats"]
+        return self.recap.stats
 
     @property
     def changed(self) -> dict[str, list[str]]:
         """host -> names of the tasks that reported `changed`."""
-        found: dict[str, list[str]] = {}
-        for host, name, result in self.results():
-            if result.get("changed"):
-                found.setdefault(host, []).append(name)
-        return found
+        return self.recap.changed_tasks
 
     @property
     def failures(self) -> dict[str, list[str]]:
         """host -> messages of failed/unreachable results."""
-        found: dict[str, list[str]] = {}
-        for host, _, result in self.results():
-            if result.get("failed") or result.get("unreachable"):
-                found.setdefault(host, []).append(str(result.get("msg", "")))
-        return found
+        return self.recap.failures
 
 
 @dataclass

@@ -1,6 +1,10 @@
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
+
+import pytest
 
 from mlxcluster import paths
 from mlxcluster.provision import ansible
@@ -26,38 +30,48 @@ def test_build_folders_differ_per_inventory(tmp_path):
     assert paths.build_dir_for(REPO / "inventory/local/hosts.yml") == REPO / "build" / "local"
 
 
-def test_parse_recap_reads_every_host():
-    out = """
-PLAY RECAP *********************************************************************
-node1                      : ok=40   changed=0    unreachable=0    failed=0    skipped=9
-node2                      : ok=38   changed=3    unreachable=1    failed=0    skipped=9
-"""
-    assert ansible.parse_recap(out) == {
-        "node1": {"ok": 40, "changed": 0, "unreachable": 0, "failed": 0, "skipped": 9},
-        "node2": {"ok": 38, "changed": 3, "unreachable": 1, "failed": 0, "skipped": 9},
-    }
+DOCUMENT = {
+    "plays": [{"play": {"name": "site"}, "tasks": [
+        {"task": {"name": "python_env : Install the pinned packages",
+                  "duration": {"start": "2026-11-27T20:00:00.000000Z", "end": "2026-11-27T20:00:14.380000Z"}},
+         "hosts": {"node1": {"changed": True}, "node2": {"changed": False}}},
+        {"task": {"name": "Gathering Facts",
+                  "duration": {"start": "2026-11-27T20:00:14.380000Z", "end": "2026-11-27T20:00:15.000000Z"}},
+         "hosts": {"node1": {}, "node2": {"unreachable": True, "msg": "no route"}}},
+        {"task": {"name": "python_env : Install the pinned packages",
+                  "duration": {"start": "2026-11-27T20:00:15.000000Z", "end": "2026-11-27T20:00:16.000000Z"}},
+         "hosts": {"node1": {"changed": False}}}]}],
+    "stats": {"node1": {"ok": 3, "changed": 1, "unreachable": 0, "failures": 0, "skipped": 2, "rescued": 0,
+                        "ignored": 0},
+              "node2": {"ok": 1, "changed": 0, "unreachable": 1, "failures": 0, "skipped": 0, "rescued": 0,
+                        "ignored": 0}}}
 
 
-def test_parse_profile_reads_the_tasks_recap_slowest_first():
-    out = """
-TASK [hostfile : Render] *******************************************************
-ok: [node1]
-TASKS RECAP ********************************************************************
-Monday 23 November 2026  12:05:48 +0000 (0:00:04.294)       0:04:40.537 *******
-===============================================================================
-python_env : Install the pinned packages into the virtual environment -- 14.38s
-ssh_mesh : Pin every node's host key under each of its names ----------- 21.71s
-Read the installed Debian packages ------------------------------------- 0.10s
-"""
-    assert ansible.parse_profile(out) == [
-        ("ssh_mesh : Pin every node's host key under each of its names", 21.71),
-        ("python_env : Install the pinned packages into the virtual environment", 14.38),
-        ("Read the installed Debian packages", 0.10),
-    ]
-    assert ansible.parse_profile("PLAY RECAP") == []
+def test_a_recap_says_what_each_host_did_and_where_the_time_went():
+    recap = ansible.Recap.read("[WARNING]: noise before the document\n" + json.dumps(DOCUMENT))
+    assert recap.changed() == 1
+    assert recap.changed_tasks == {"node1": ["python_env : Install the pinned packages"]}
+    assert recap.tasks_per_host() == {"node1": 5, "node2": 1}
+    assert recap.failures == {"node2": ["no route"]}
+    # The same task twice (a second play, a handler): its times summed; slowest first.
+    assert recap.profile == [("python_env : Install the pinned packages", 15.38), ("Gathering Facts", 0.62)]
 
 
-def test_timed_run_counts_tasks_per_host_and_changes():
-    run = ansible.TimedRun(1.0, {"node1": {"ok": 40, "changed": 2, "unreachable": 0,
-                                           "failed": 0, "skipped": 9}}, [])
-    assert run.tasks_per_host() == {"node1": 49} and run.changed() == 2
+@pytest.mark.parametrize("stdout", ["", "PLAY RECAP\nnode1 : ok=3 changed=0 unreachable=0 failed=0",
+                                    '{"plays": []}', "[1, 2]"])
+def test_a_recap_that_cannot_be_read_is_an_error_not_zero_changes(stdout):
+    with pytest.raises(ansible.UnreadableRecap, match="recap could not be read"):
+        ansible.Recap.read(stdout)
+
+
+def test_a_timed_run_reads_its_recap_from_json_whatever_the_environment_asked(tmp_path):
+    """bench.provision's run: the JSON callback is set by timed_run itself, so a caller's environment
+    cannot leave it with a text recap it would read as no change."""
+    playbook = tmp_path / "play.yml"
+    playbook.write_text("- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+                        "    - name: Change something\n      ansible.builtin.command: 'true'\n"
+                        "      changed_when: true\n")
+    run = ansible.timed_run(["ansible-playbook", "-i", "localhost,", "-c", "local", str(playbook),
+                             "-e", f"ansible_python_interpreter={sys.executable}"],
+                            env={"ANSIBLE_STDOUT_CALLBACK": "default"})
+    assert run.recap.changed() == 1 and run.recap.changed_tasks == {"localhost": ["Change something"]}
