@@ -4,6 +4,8 @@ reading of each rank's peak memory on a node, and its ratios against stock's tar
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -101,7 +103,14 @@ def test_every_program_s_tag_is_a_marker_the_stop_takes():
 
     cluster = Cluster("here", (Node(name="here", thunderbolt_ip="127.0.0.1", slots=1),), ())
     for program in ("ours", "stock", serve.STOCK_ADAPTER):
-        builder.stop_command(cluster, f"stock-serve-{serve.tag_of('20261126-072438', program, 1, 1)}")
+        marker = f"stock-serve-{serve.tag_of('20261126-072438', program, 1, 1)}"
+        # The stop's pkill pattern finds the stock server's own command line, and only that run's.
+        pattern = shlex.split(builder.stop_command(cluster, marker)[-1])[-1]
+        launched = shlex.join(serve.stock_program("/w/model", 8080, marker))
+        assert re.search(pattern, launched), (pattern, launched)
+        assert not re.search(pattern, launched.replace("072438", "072439"))
+    with pytest.raises(ValueError, match="marker"):
+        builder.stop_command(cluster, "stock-serve-a+b")
 
 
 def test_node_counts_are_checked_against_the_cluster():

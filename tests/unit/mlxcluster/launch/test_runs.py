@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -68,14 +70,23 @@ def test_the_relay_stops_a_launch_that_outlives_a_stalled_rank(tmp_path: Path, m
 
 FROZEN_JOB = """import signal, subprocess, sys, time
 # A rank of run runs/20261126-000000: its child, frozen; itself, stalled, as the watchdog says.
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "runs/20261126-000000"])
+# The child's output apart: the relay reads the job's to its end.
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "runs/20261126-000000"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 child.send_signal(signal.SIGSTOP)
 time.sleep(0.3)
+print(f"child {child.pid}", flush=True)
 print("rank 0: error: no progress for 30 s (allowed 30 s)", flush=True)
-time.sleep(2)  # the watchdog's hold: the controller looks now
-child.kill()
 sys.exit(1)
 """
+# The frozen child outlives the job (the test ends it): the controller's look at the nodes may come
+# as late as a loaded machine makes it, and still find it.
+
+
+def _end_child(output: str) -> None:
+    found = re.search(r"^child (\d+)$", output, re.M)
+    if found:
+        os.kill(int(found[1]), signal.SIGKILL)
 
 
 def test_a_stall_names_the_node_where_a_rank_of_the_job_was_frozen(tmp_path: Path):
@@ -89,11 +100,13 @@ def test_a_stall_names_the_node_where_a_rank_of_the_job_was_frozen(tmp_path: Pat
     cluster = Cluster.from_json(layout)
     relayed = relay.supervise(cluster, [sys.executable, "-c", FROZEN_JOB], "runs/20261126-000000",
                               stdin=subprocess.DEVNULL)
+    _end_child(relayed.output)
     assert relayed.code == 1 and relayed.frozen == [cluster.head.name]
     # A stall without a frozen rank (a link gone) names none.
     still = FROZEN_JOB.replace("child.send_signal(signal.SIGSTOP)", "pass")
     relayed = relay.supervise(cluster, [sys.executable, "-c", still], "runs/20261126-000000",
                               stdin=subprocess.DEVNULL)
+    _end_child(relayed.output)
     assert relayed.code == 1 and relayed.frozen == []
 
 
