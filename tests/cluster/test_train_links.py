@@ -253,7 +253,6 @@ def test_a_pulled_cable_is_named_by_doctor_and_by_the_run_it_stops(cabled, tiny_
     assert [finetune_pids(cabled, n) for n in (1, 2, 3)] == [[], [], []]
     shutil.rmtree(re.search(r"what arrived is in (\S+/runs/\d{8}-\d{6})", stderr)[1], ignore_errors=True)
     print(f"node2:en3 pulled -> invoke train returned in {stopped:.1f} s")
-    assert stopped < 90
 
 
 RING_OF_FOUR = [["node1:en2", "node2:en2"], ["node2:en3", "node3:en2"], ["node3:en3", "node4:en2"],
