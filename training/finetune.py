@@ -1,55 +1,12 @@
-"""Fine-tuning on every rank of the cluster, as `mlx_lm lora` does it, built on mlx-lm's trainer.
+"""Fine-tuning on every rank of the cluster, as `mlx_lm lora` does it, built on mlx-lm's trainer:
+`python -m training.finetune --config FILE`, the same command on every rank (invoke train builds
+the launch: mlxcluster/launch/builder.py).
 
-    python -m training.finetune [--config training/configs/lora.yaml] [--iters 200 ...]
-    mpirun --hostfile HOSTFILE -np N python -m training.finetune --config FILE --expected-world-size N
-    mlx.launch --backend ring --hostfile hosts.json -- python -m training.finetune --config FILE
-
-Every rank runs this same command. Settings come from mlx-lm's defaults, overridden by the YAML file
-given with `--config` (any `mlx_lm lora` config file; without one, the demo's
-`training/configs/lora.yaml`, which documents every key), overridden by the command line flags
-(mlx_lm lora's, one per key: `--batch-size 8`, `--grad-checkpoint` / `--no-grad-checkpoint`).
-What mlx-lm trains, this trains: `fine_tune_type` lora, dora or full, with any of its optimizers
-(`optimizer`, `optimizer_config`), `lr_schedule`, `grad_accumulation_steps`, the test split
-(`test`), `report_to`, and its data formats.
-
-mlx-lm's trainer already does the data parallelism, so this module does not redo it: each rank gets
-its share of each global batch (`batch_size` is the GLOBAL batch; it is split into whole examples,
-equal or by the nodes' batch shares, training/data/shares.py, and need not divide by the world
-size), gradients are averaged across ranks by the trainer (never average them again; a share's
-weight is in its summed loss, training/data/batches.py), losses and token counts are summed across
-ranks, and only rank 0 saves adapters. With
-`parallel: tensor` the ranks split the model instead of the batch (`training/sharding/tensor_parallel.py`):
-each holds a shard of every layer, all compute the whole batch, nothing is averaged, each batch's
-tokens are counted once, and sharded adapters are gathered before rank 0 saves them.
-
-A run, and the module that does each part:
-1. settings: defaults < `--config` file < flags, every problem reported at once (`training/config.py`);
-2. a loud distributed start: `mx.distributed.init(strict=True)` with the launcher's backend, and a
-   check that the ranks MLX joined are as many as expected (`--expected-world-size`, or the size
-   the launcher announces), instead of N processes each silently training alone
-   (`training/distributed.py`);
-3. load the model (a quantized one kept so, QLoRA, or dequantized on the ranks `dequantize_ranks`
-   names: `training/model/quantization.py`), add the LoRA or DoRA layers (or unfreeze the layers,
-   full) with the same seeds on every rank (the LoRA init and dropout), load the data as mlx-lm
-   does (`training/loading.py`); a batch order that depends on the seed alone
-   (`training/data/batches.py`), the same on every rank and after a resume;
-4. train with mlx-lm's loop: on rank 0 a progress bar, or plain lines when stdout is not a
-   terminal, as under mpirun (`training/loop/progress.py`), and `metrics.jsonl` (`training/loop/metrics.py`);
-5. summarize on rank 0: `summary.json` and `loss.png` (`training/loop/report.py`), next to the adapters,
-   `config.yaml` (the resolved settings: `--config` it to run again) and `adapter_config.json` as
-   mlx-lm writes it, so that `mlx_lm generate --adapter-path` and `mlx_lm fuse` take the folder;
-   with `test: true`, the test split's loss and perplexity (`summary.json`).
-
-Every `save_every` steps (at an update: a multiple of grad_accumulation_steps) rank 0 writes a
-checkpoint (`training/loop/checkpoint.py`: the trained weights, the optimizer's state whatever the
-optimizer, step, RNG key, written aside and renamed into place). `--resume` continues the run in
-`adapter_path` from its latest checkpoint (`training/loop/resume.py`): the same weights, optimizer
-state, step counter, learning rate schedule position and batch order, so an interrupted and resumed run
-ends with the adapters of an uninterrupted one. `resume_adapter_file` instead starts a new run from
-saved adapter weights alone, with a fresh optimizer, as mlx-lm does.
-
-A rank with no finished step or validation batch for `stall_timeout` seconds stops itself
-(`training/loop/watchdog.py`): a node gone from the network otherwise leaves the rest waiting for ever.
+`main` is the story of a run, one step per module: the settings (training/config.py), a loud
+distributed start (training/distributed.py), the model and data (training/loading.py), mlx-lm's
+loop with our progress, checkpoints and watchdog (training/loop/), and the summary on rank 0. mlx-lm
+averages the gradients across ranks itself: never average them again. What a run does and how to
+drive it is told once, in docs/training.md.
 """
 
 from __future__ import annotations

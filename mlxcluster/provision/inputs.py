@@ -16,11 +16,14 @@ from mlxcluster import local
 from mlxcluster.describe.cluster import Cluster
 from mlxcluster.errors import UserError
 from mlxcluster.paths import MODELS, REPO
+from training.data.formats import FORMAT_KEYS
 
 DEMO_DATA = REPO / "training" / "data" / "pirate.jsonl"
 DEMO_DATA_DIR = REPO / "build" / "data" / "pirate"
 DEMO_SPLITS = ("train.jsonl", "valid.jsonl")  # what prepare_data's defaults write
 DEFAULT_MODEL = "smollm2"  # model.fetch's name for the offline SmolLM2-135M-Instruct
+# The row formats training/data/prepare.py reads, in a phrase: "chat, completions, ... or text".
+DATA_FORMATS = ", ".join(list(FORMAT_KEYS)[:-1]) + f" or {list(FORMAT_KEYS)[-1]}"
 
 
 def dtype_for(os_families: Iterable[str]) -> str:

@@ -15,8 +15,10 @@ the README's test command is the one CI runs.
 from __future__ import annotations
 
 import ast
+import inspect
 import re
 import shlex
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,17 +98,19 @@ def parse(command: Documented) -> list[ParserContext]:
 
 # --- the values a task reads itself -----------------------------------------------------------
 
-# The readers in mlxcluster/jobs/flags.py a task hands a flag's text to (`_whole` is whole_number).
-READERS = {"_whole", "whole_number", "whole_numbers", "number", "one_of", "interface"}
+# The readers in mlxcluster/jobs/flags.py a task's body hands a flag's text to itself (most tasks
+# have theirs read by their `Flags` before the body runs).
+READERS = {"whole_number", "whole_numbers", "number", "one_of", "interface"}
 
 
-def value_readers(function: str) -> dict[str, list[ast.Call]]:
-    """parameter -> the reader calls in the task function's body that take it as it came."""
-    tree = ast.parse(Path(tasks.__file__).read_text())
-    body = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == function)
-    params = {arg.arg for arg in body.args.args}
+def value_readers(body: Any) -> dict[str, list[ast.Call]]:
+    """parameter -> the reader calls in the task's body that take it as it came."""
+    tree = ast.parse(Path(inspect.getsourcefile(body) or "").read_text())
+    function = next(node for node in tree.body
+                    if isinstance(node, ast.FunctionDef) and node.name == body.__name__)
+    params = {arg.arg for arg in function.args.args}
     readers: dict[str, list[ast.Call]] = {}
-    for node in ast.walk(body):
+    for node in ast.walk(function):
         if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Name)):
             continue
         name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)
@@ -116,20 +120,26 @@ def value_readers(function: str) -> dict[str, list[ast.Call]]:
 
 
 def misread_values(context: ParserContext) -> list[str]:
-    """What the task's own readers refuse among the values the command gives."""
-    function = tasks.ns[context.name].body.__name__
-    readers = value_readers(function)
+    """What the task's own readers refuse among the values the command gives: its flags' readers
+    (`Flags.read`, as the task runs it) and any in its body."""
+    task = tasks.ns[context.name]
+    module = sys.modules[task.body.__module__]
+    readers = value_readers(task.body)
     refused = []
     for argument in context.args.values():
         if not argument.got_value:
             continue
         param = argument.attr_name or argument.name  # attr_name: a dashed flag's parameter name
         values = argument.value if isinstance(argument.value, list) else [argument.value]
-        for call in readers.get(param, []):
-            code = compile(ast.Expression(call), tasks.__file__, "eval")
-            for value in values:
+        for value in values:
+            try:
+                task.flags.read({param: value})
+            except UserError as error:
+                refused.append(str(error))
+            for call in readers.get(param, []):
+                code = compile(ast.Expression(call), module.__file__ or "", "eval")
                 try:
-                    eval(code, vars(tasks), {param: value})  # the task's own reading
+                    eval(code, vars(module), {param: value})  # the task's own reading
                 except UserError as error:
                     refused.append(str(error))
     return refused
@@ -261,6 +271,8 @@ def test_the_readme_test_command_is_the_one_ci_runs():
     command = readme.text.split("#")[0].strip()
     ci = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if not line.startswith("#")]
     assert command in ci
+    # ...with every lab test required: a runner that cannot start the lab is red, not green.
+    assert "export MLX_LAB_REQUIRED=1" in ci[:ci.index(command)]
 
 
 def test_the_cluster_picture_is_an_svg_with_readable_text():

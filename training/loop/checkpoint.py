@@ -1,7 +1,7 @@
 """Checkpoints a fine-tuning run can be resumed from, each written whole or not at all.
 
     <adapter_path>/checkpoints/0000100/adapters.safetensors   the LoRA weights after step 100
-                                       optimizer.safetensors  Adam's moments, step and learning rate
+                                       optimizer.safetensors  the optimizer's state (adam's moments), step, lr
                                        state.json             step, tokens, RNG key, the settings
 
 A checkpoint is written into a hidden `.0000100.partial` directory and renamed into place once

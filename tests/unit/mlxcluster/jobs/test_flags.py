@@ -16,6 +16,7 @@ from mlxcluster.errors import UserError
 from mlxcluster.jobs import flags
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
+import bench_tasks  # the bench.* tasks, beside tasks.py
 import tasks  # the repository's tasks.py, as invoke loads it
 
 
@@ -51,10 +52,10 @@ def test_whole_numbers_numbers_choices_and_interfaces_are_read_or_refused_in_one
     (tasks.data_prepare, {"seed": "-1"}, "--seed '-1'"),
     (tasks.lab_status, {"id": "x"}, "--id 'x'"),
     (tasks.lab_up, {"nodes": "99"}, "--nodes '99': give a whole number from 1 to 9"),
-    (tasks.bench_provision, {"nodes": "three"}, "--nodes 'three'"),
-    (tasks.bench_provision, {"nodes": "2,4,99"}, "--nodes '2,4,99'"),
-    (tasks.bench_provision, {"cables": "star"}, "--cables 'star': give one of ring, mesh"),
-    (tasks.bench_train, {"rounds": "0"}, "--rounds '0'"),
+    (bench_tasks.provision, {"nodes": "three"}, "--nodes 'three'"),
+    (bench_tasks.provision, {"nodes": "2,4,99"}, "--nodes '2,4,99'"),
+    (bench_tasks.provision, {"cables": "star"}, "--cables 'star': give one of ring, mesh"),
+    (bench_tasks.train, {"rounds": "0"}, "--rounds '0'"),
     (tasks.lab_limit, {"node": "2", "cpu": "fast"}, "--cpu 'fast'"),
 ])
 def test_every_tasks_number_flags_are_refused_in_one_line_before_it_acts(task, given, says):
@@ -63,3 +64,11 @@ def test_every_tasks_number_flags_are_refused_in_one_line_before_it_acts(task, g
     with pytest.raises(Exit) as refused:
         task(Context(config), **given)
     assert says in str(refused.value.message) and "\n" not in str(refused.value.message)
+
+
+def test_a_flag_not_given_is_its_default_and_a_given_zero_stays_zero():
+    """bench.provision --id 0 is lab 0 (it was lab 8 when the default came after `or`)."""
+    read = bench_tasks.provision.flags.read
+    assert read({"nodes": None, "id": "0", "cables": None}) == {"nodes": [3], "id": 0, "cables": None}
+    assert read({"id": None})["id"] == 8 and read({})["nodes"] == [3]
+    assert tasks.ns["bench.faults"].flags.help["nodes"] == "Lab hosts (default 3)"
