@@ -5,8 +5,10 @@ Each role has its `default` scenario; a role with variants has one more per vari
 (molecule/shared/create.yml), prepare, converge, a second converge that must change nothing, the
 scenario's checks (verify.yml), and the lab taken down again (molecule/shared/destroy.yml).
 
-The scenarios run two at a time, each on a lab of its own (the test lab and the next number):
-a scenario is mostly ansible waiting on its hosts, so two share this machine's cores well.
+The scenarios run two at a time, each on a lab of its own (the two numbers after the test lab's):
+a scenario is mostly ansible waiting on its hosts, so two share this machine's cores well, and
+`invoke test` runs this module in a pytest session of its own beside the other lab tests, whose lab
+is the test lab (mlxcluster/devtools.py).
 """
 
 from __future__ import annotations
@@ -28,10 +30,10 @@ pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 ROLES = ["thunderbolt", "ssh_mesh", "openmpi", "python_env", "model", "hostfile", "macos", "apt_packages"]
-# The lab number the cluster tests use (see conftest.py) and the next: each scenario brings one
-# up and takes it down, so they must not run while another test holds the same labs.
+# The two lab numbers after the one the other cluster tests use (see conftest.py): each scenario
+# brings one up and takes it down while those tests hold theirs. (The contract tests' is 3.)
 LAB_ID = int(os.environ.get("MLX_TEST_LAB_ID", "5"))
-LAB_IDS = (LAB_ID, (LAB_ID + 1) % 10)
+LAB_IDS = ((LAB_ID + 1) % 10, (LAB_ID + 2) % 10)
 
 
 def scenarios() -> list[tuple[str, str]]:

@@ -1,0 +1,56 @@
+"""invoke test's sessions side by side (mlxcluster/devtools.py), run for real on small suites of
+their own: a session that fails anywhere fails the whole, whichever of them shows its output as it
+runs, and each session's output is in the run's output; together the sessions hold every test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mlxcluster import devtools
+
+PASSES = "def test_passes():\n    pass\n"
+FAILS = "def test_fails():\n    assert 1 == 2, 'the failure a background session had'\n"
+
+
+def sessions(tmp_path: Path, first: str, second: str) -> tuple[devtools.Session, ...]:
+    for name, text in (("first", first), ("second", second)):
+        (tmp_path / f"test_{name}.py").write_text(text)
+    # rootdir and conftest of their own: the repository's settings are not these files'.
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    common = ("-p", "no:cacheprovider", f"--rootdir={tmp_path}", "-c", str(tmp_path / "pytest.ini"))
+    return (devtools.Session("first", (str(tmp_path / "test_first.py"), *common)),
+            devtools.Session("second", (str(tmp_path / "test_second.py"), *common), nice=5))
+
+
+@pytest.mark.parametrize("first, second, failed", [(PASSES, FAILS, ["second"]), (FAILS, PASSES, ["first"]),
+                                                   (PASSES, PASSES, [])],
+                         ids=["background-fails", "first-fails", "both-pass"])
+def test_a_session_that_fails_fails_the_whole_wherever_it_ran(tmp_path, monkeypatch, capfd, first, second,
+                                                              failed):
+    monkeypatch.setattr(devtools, "LOGS", tmp_path / "logs")
+    assert devtools.run_side_by_side(sessions(tmp_path, first, second), None) == failed
+    out = capfd.readouterr().out
+    # The background session's whole output follows the first's.
+    assert "===== the second tests' output" in out and "test_second.py" in out
+    if failed == ["second"]:
+        assert "the failure a background session had" in out
+
+
+def test_a_k_that_selects_nothing_anywhere_is_a_failure(tmp_path, monkeypatch):
+    monkeypatch.setattr(devtools, "LOGS", tmp_path / "logs")
+    assert devtools.run_side_by_side(sessions(tmp_path, PASSES, PASSES), "passes") == []  # both ran
+    assert devtools.run_side_by_side(sessions(tmp_path, PASSES, PASSES), "nothing_by_this_name") != []
+
+
+def test_the_sessions_together_hold_every_test_once():
+    """Every test folder is in exactly one session: a folder left out would never run in CI."""
+    repo = Path(devtools.paths.REPO)
+    folders = sorted(p.name for p in (repo / "tests").iterdir() if p.is_dir() and p.name != "__pycache__")
+    args = [arg for session in devtools.SESSIONS for arg in session.args]
+    held = [arg for arg in args if not arg.startswith("-")]
+    ignored = [arg.removeprefix("--ignore=") for arg in args if arg.startswith("--ignore=")]
+    assert sorted(Path(a).parts[1] for a in held if len(Path(a).parts) == 2) == folders
+    # What one session ignores, another runs.
+    assert all(path in held for path in ignored)
