@@ -30,8 +30,8 @@ TEST_LAB_ID = int(os.environ.get("MLX_TEST_LAB_ID", "5"))
 
 
 # test_docs.py runs its dry runs on the two nodes test_train.py trains on (`provisioned`), so it
-# goes just before test_train.py: after test_molecule.py, which brings the same lab number up and
-# down, and test_site.py, which wants fresh nodes, and before test_train.py stops node2 for good.
+# goes just before test_train.py: after test_site.py, which wants fresh nodes, and before
+# test_train.py stops node2 for good. (test_molecule.py's scenarios use labs of their own.)
 # test_run_job.py stops `invoke run` on the same two nodes: after test_site.py too, then just
 # before test_train.py (after test_docs.py: moved in this order). test_restarts.py trains on the
 # three nodes test_site.py provisioned: after it, before the modules that provision two of them
