@@ -20,9 +20,8 @@ from typing import Any
 from mlxcluster import local
 from mlxcluster.check import doctor, faults, room
 from mlxcluster.check.faults import TrainFailed
-from mlxcluster.describe import drained
 from mlxcluster.describe.cluster import Cluster, Recorded, recorded
-from mlxcluster.errors import Interrupted, UserError
+from mlxcluster.errors import Interrupted
 from mlxcluster.jobs import restarts
 from mlxcluster.jobs.request import Options, Request, request_for, resumed
 from mlxcluster.launch import (
@@ -343,15 +342,9 @@ def train(inventory: str, options: Options) -> Path | None:
     policy = restarts.Policy(restarts.DEFAULT_MAX_RESTARTS if options.max_restarts is None
                              else options.max_restarts, options.min_nodes or 1)
     resume_run, options = resumed(options)
-    if options.backend not in (None, "auto", *builder.BACKENDS):
-        raise UserError(f"--backend must be auto, {', '.join(builder.BACKENDS)}, not {options.backend!r}")
-    if options.dry_run:  # touches no host: the nodes left out are shown, not checked
-        out = drained.read(rec.build)
-        layout = rec.cluster.without(out) if out else rec.cluster
-        notes += [f"{entry.line}: a run checks it first, and lets it back in if its checks pass"
-                  for entry in out.values()]
-    else:
-        layout = restarts.rejoined(rec)
+    builder.checked_backend(options.backend)  # before any node is asked
+    layout, left_out = restarts.layout(rec, dry_run=options.dry_run)  # a dry run checks no node
+    notes += left_out
     policy.check_start(layout, rec.cluster)
     request = request_for(rec, options, fetch=not options.dry_run and not resume_run)
     the_plan = plan(layout, request, run_id=resume_run or runs.new_id(),

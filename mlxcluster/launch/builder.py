@@ -24,11 +24,10 @@ from dataclasses import dataclass
 
 from mlxcluster.describe.backends import RDMA_HOWTO, Choice, rdma_missing
 from mlxcluster.describe.cluster import Cluster, Node
-from mlxcluster.describe.topology import backend_problem, mlx_hostfile
+from mlxcluster.describe.topology import BACKENDS, backend_problem, mlx_hostfile
 from mlxcluster.errors import UserError
 from mlxcluster.launch import remote
 
-BACKENDS = ("mpi", "ring", "jaccl", "jaccl-ring")
 # The backends mlx.launch starts, and the hosts file each reads.
 MLX_BACKENDS = ("ring", "jaccl", "jaccl-ring")
 JACCL_HOSTS_FILE = "jaccl-hosts.json"  # written into the work directory at launch
@@ -45,6 +44,21 @@ ENV_FILE_VARS = {
 }
 # Markers name a run's processes for pkill: letters, digits, dashes, dots, slashes and spaces.
 _MARKER = re.compile(r"^[\w./ -]+$")
+# Names a job on its launcher's command line when the program's own words may not (invoke run's
+# `hostname`): mpirun (-x) and mlx.launch (--env) hand it to every rank, so their command lines hold
+# it and stop_command finds them by it; each rank can read its job's tag.
+JOB_TAG = "MLX_CLUSTER_JOB"
+# One process run directly has no launcher: a tagged one runs under the launcher's python, which
+# waits for it and passes SIGTERM (stop_command's) on, so that the tag stays on a command line
+# whatever the program is; its exit status is the program's. A terminal's Ctrl-C and hang-up reach
+# the program itself (ssh -tt: the same process group), so this python only waits for its end.
+# One line, so that stop_command's `.*` spans it whatever a pkill's regex makes of a newline.
+TAG_WAITS = ("import signal, subprocess, sys; "
+             "[signal.signal(n, lambda *_: None) for n in (signal.SIGINT, signal.SIGHUP)]; "
+             "signal.signal(signal.SIGTERM, lambda *_: sys.exit(143)); "
+             "program = subprocess.Popen(sys.argv[2:]); "
+             "signal.signal(signal.SIGTERM, lambda number, _: program.send_signal(number)); "
+             "code = program.wait(); sys.exit(128 - code if code < 0 else code)")
 
 
 @dataclass(frozen=True)
@@ -63,6 +77,8 @@ class Job:
     map_by_node: mpi only: rank i on the i-th node, whatever the hostfile's slots.
     rank_setup: shell commands each rank runs before the program, where the launcher's own
       variables (its rank) are known: invoke run's RANK and the like.
+    tag: names the job on its launcher's command line (JOB_TAG), for `stop`, when the program's
+      own words do not (invoke run's).
     """
 
     program: Sequence[str]
@@ -78,6 +94,15 @@ class Job:
     mlx_envs: Sequence[str] = ()
     env: Sequence[tuple[str, str]] = ()  # more variables every rank gets (invoke run's rendezvous)
     rank_setup: str = ""
+    tag: str = ""
+
+
+def checked_backend(requested: str | None) -> str | None:
+    """--backend as asked (None: auto), or a UserError that lists what may be asked: the one
+    check of it, made before anything is asked of the nodes."""
+    if requested not in (None, "auto", *BACKENDS):
+        raise UserError(f"--backend must be auto, {', '.join(BACKENDS)}, not {requested!r}")
+    return requested
 
 
 def choice_for(cluster: Cluster, requested: str | None) -> Choice:
@@ -85,8 +110,7 @@ def choice_for(cluster: Cluster, requested: str | None) -> Choice:
     cluster (recorded by provisioning: mlxcluster/describe/backends.py). One MPI rank on the launcher
     runs directly: under `mpirun -np 1` mlx-lm's trainer initializes MPI, which MLX never
     finalizes for a group of one, and mpirun fails the job after training finished."""
-    if requested not in (None, "auto", *BACKENDS):
-        raise UserError(f"--backend must be auto, {', '.join(BACKENDS)}, not {requested!r}")
+    checked_backend(requested)
     try:
         choice = cluster.backend_choice(requested)
     except ValueError as exc:
@@ -130,6 +154,8 @@ def rank_env(cluster: Cluster, job: Job) -> dict[str, str]:
         env["OPENBLAS_NUM_THREADS"] = str(job.threads)
     elif max((n.slots for n in cluster.training_nodes), default=1) > 1:
         env["OPENBLAS_NUM_THREADS"] = "1"  # several ranks share a machine's cores
+    if job.tag:
+        env[JOB_TAG] = _checked(job.tag)
     return env | dict(job.env)
 
 
@@ -278,7 +304,8 @@ def command(cluster: Cluster, job: Job) -> list[str]:
             content = shlex.quote(json.dumps(written[0]))
             prefix = f"printf '%s\\n' {content} > {shlex.quote(f'{workdir}/{written[1]}')} && "
     elif job.backend == "direct":
-        argv = ["env", *(f"{k}={v}" for k, v in sorted(env.items())),
+        waits = venv_program(cluster, ["python", "-c", TAG_WAITS, job.tag]) if job.tag else []
+        argv = ["env", *(f"{k}={v}" for k, v in sorted(env.items())), *waits,
                 *set_up(job, venv_program(cluster, job.program))]
     else:
         raise UserError(f"unknown backend {job.backend!r}: choose from {', '.join(BACKENDS)}")
@@ -295,9 +322,17 @@ def _checked(marker: str) -> str:
 
 def stop_command(cluster: Cluster, marker: str) -> list[str]:
     """Stops a job's launcher (and with it every rank): the processes whose command line holds
-    `marker` (a run's directory, a benchmark's tag)."""
-    pattern = f"(mpirun|mlx\\.launch|python) .*{_checked(marker)}"
-    return remote.ssh_command(cluster.head, f"pkill -TERM -f {shlex.quote(pattern)}")
+    `marker` (a run's directory, a benchmark's tag, invoke run's JOB_TAG). mpirun stops every rank
+    as it ends; mlx.launch ends without stopping its ranks, so its children (an ssh -tt or a shell
+    per rank, listed first) are stopped once it has ended: a rank's shell stops its program on
+    their hang-up or TERM (RANK_WAITS), on every node."""
+    marker = _checked(marker)
+    pattern = f"(mpirun|mlx\\.launch|python) .*{marker}"
+    launchers = f"mlx\\.launch .*{marker}"
+    return remote.ssh_command(cluster.head, (
+        f'ranks=$(for p in $(pgrep -f {shlex.quote(launchers)}); do pgrep -P "$p"; done); '
+        f"pkill -TERM -f {shlex.quote(pattern)}; "
+        'for p in $(echo $ranks); do kill -TERM "$p" 2>/dev/null; done'))
 
 
 def stop(cluster: Cluster, marker: str) -> None:
