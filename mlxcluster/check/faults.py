@@ -56,11 +56,11 @@ class TrainFailed(UserError):
 
     def __init__(self, message: str, code: int = 1, fault: Fault | None = None, after: str = ""):
         super().__init__(message + after, code)
-        self.fault, self.said, self.after = fault, message, after
+        self.fault, self.message, self.after = fault, message, after
 
     def adding(self, words: str) -> TrainFailed:
         """The same failure with `words` said after its cause (before where its files are)."""
-        return TrainFailed(f"{self.said}; {words}", self.code, self.fault, self.after)
+        return TrainFailed(f"{self.message}; {words}", self.code, self.fault, self.after)
 
 
 # The count of processes killed for memory: Linux's out-of-memory killer's, else (macOS, no

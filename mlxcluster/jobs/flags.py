@@ -130,7 +130,7 @@ class Flag:
         """The same flag standing for another value when not given (the help then says it)."""
         return dataclasses.replace(self, default=default)
 
-    def said(self) -> str:
+    def help_text(self) -> str:
         default = self.default
         shown = (f"{default:g}" if isinstance(default, float) else
                  ",".join(map(str, default)) if isinstance(default, list | tuple) else str(default))
@@ -178,7 +178,7 @@ SHARED = {
     "output": Flag("JSON file to write (default runs/bench/<benchmark>-<time>.json; a PNG goes next to it)"),
     "dry_run": Flag("Print every command and touch no host"),
 }
-SHARED_HELP = {name: flag.said() for name, flag in SHARED.items()}
+SHARED_HELP = {name: flag.help_text() for name, flag in SHARED.items()}
 
 
 def helps(*shared: str, **own: str) -> dict[str, str]:
@@ -195,7 +195,7 @@ class Flags:
 
     @property
     def help(self) -> dict[str, str]:
-        return {name: flag.said() for name, flag in self.flags.items()}
+        return {name: flag.help_text() for name, flag in self.flags.items()}
 
     def read(self, given: Mapping[str, Any]) -> dict[str, Any]:
         """The task's arguments with each flag's text read (or refused: a UserError of one line)

@@ -59,7 +59,7 @@ class Plan:
     pull: list[str]
     backend_why: str = ""  # why this backend (mlxcluster/describe/backends.py)
     shares: batch_shares.Shares | None = None  # None: equal shares, as training does by itself
-    said: tuple[str, ...] = ()  # what the run says of itself before it starts: backend, shares, split
+    notices: tuple[str, ...] = ()  # what the run says of itself before it starts: backend, shares, split
     record: Mapping[str, Any] = field(default_factory=dict)  # run.json's fields known before launch
     dequantize_ranks: tuple[int, ...] = ()  # the ranks that dequantize a quantized base as they load it
 
@@ -125,16 +125,16 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
     job = builder.Job(program, backend=backend, interface=request.interface,
                      btl_tcp_links=request.btl_tcp_links, threads=request.threads,
                      interactive=request.interactive, mlx_envs=request.mlx_envs)
-    said = [*([f"backend {backend}: {choice.why}"] if choice.why else []),
-            *([shares_line(shared)] if shared else []),
-            *([base.line] if base else []),
-            *([tensor] if (tensor := parallel.line(cluster, request.parallel)) else [])]
+    notices = [*([f"backend {backend}: {choice.why}"] if choice.why else []),
+               *([shares_line(shared)] if shared else []),
+               *([base.line] if base else []),
+               *([tensor] if (tensor := parallel.line(cluster, request.parallel)) else [])]
     launch = builder.command(cluster, job)
     return Plan(cluster, request, run_id, resume, backend, steps, launch,
                 sync.pull(cluster.head, run_dir, RUNS / run_id), backend_why=choice.why, shares=shared,
-                said=tuple(said),
+                notices=tuple(notices),
                 record={**run_record(cluster, request, inventory, backend, choice.why, shared, launch),
-                        **sent.here, "base_weights": base.per_node if base else None,
+                        **sent.controller_paths, "base_weights": base.per_node if base else None,
                         "layout_settings": layout_settings(shared, dequantizing)},
                 dequantize_ranks=tuple(quantization.parse_ranks(settings.dequantize_ranks)))
 
@@ -156,16 +156,16 @@ class JobInputs:
     steps: list[sync.Step]
     placed: sync.Placed
     flags: list[str]
-    here: dict[str, Any]
+    controller_paths: dict[str, Any]
 
 
 def job_inputs(cluster: Cluster, request: Request, run_id: str) -> JobInputs:
     """The code, data, config and model on every node, and the inputs mlx-lm's settings name:
     hf_dataset's folders (instead of the data folder, which mlx-lm then does not read) and the
     resume_adapter_file a new run starts from."""
-    asked = run_settings.read(request.config, run_settings.user_flags(request.overrides))
-    hf = hf_datasets.folders(asked.hf_dataset)
-    start = start_adapters.shipment_of(asked.resume_adapter_file) if asked.resume_adapter_file else None
+    settings = run_settings.read(request.config, run_settings.user_flags(request.overrides))
+    hf = hf_datasets.folders(settings.hf_dataset)
+    start = start_adapters.shipment_of(settings.resume_adapter_file) if settings.resume_adapter_file else None
     data, model = shipments(request, data_read=not hf)
     steps, placed = sync.training_inputs(cluster, data, model, request.config, installed=request.installed)
     hf_dir = f"{cluster.head.work_dir}/data"
@@ -176,11 +176,11 @@ def job_inputs(cluster: Cluster, request: Request, run_id: str) -> JobInputs:
     if start:  # every rank loads the weights it starts from
         steps += [(f"sync resume_adapter_file to {node.name}", sync.send(start, node, start_dir))
                   for node in cluster.training_nodes]
-    flags = [*(hf_datasets.flag(hf_datasets.placed(asked.hf_dataset, hf, hf_dir)) if hf else []),
+    flags = [*(hf_datasets.flag(hf_datasets.placed(settings.hf_dataset, hf, hf_dir)) if hf else []),
              *(["--resume-adapter-file", f"{start_dir}/{start.files[0]}"] if start else [])]
-    here = {"hf_dataset": hf_datasets.on_controller(asked.hf_dataset) if hf else None,
+    controller_paths = {"hf_dataset": hf_datasets.on_controller(settings.hf_dataset) if hf else None,
             "resume_adapter_file": str(start.root / start.files[0]) if start else None}
-    return JobInputs(steps, placed, flags, here)
+    return JobInputs(steps, placed, flags, controller_paths)
 
 
 def run_record(cluster: Cluster, request: Request, inventory: str, backend: str, why: str,
@@ -238,7 +238,7 @@ def pending_notes(request: Request) -> list[str]:
 
 def show(plan: Plan, notes: Sequence[str] = ()) -> None:
     """--dry-run: what the plan rests on (`notes`), then every command, in order."""
-    for line in (*notes, *plan.said):
+    for line in (*notes, *plan.notices):
         print(f"# {line}")
     sync.run_steps(plan.steps, dry_run=True)
     print(f"# launch on {plan.cluster.head.name}\n{shlex.join(plan.launch)}")
@@ -278,7 +278,7 @@ def execute(plan: Plan) -> Path:
     sync.run_steps(plan.steps)
     ranks = f"{plan.cluster.world_size} rank{'s' if plan.cluster.world_size > 1 else ''}"
     how = "one process, no launcher" if plan.backend == "direct" else plan.backend
-    for line in plan.said:
+    for line in plan.notices:
         if not (plan.backend == "direct" and line.startswith("backend ")):  # one process: no backend
             print(f"==> {line}", flush=True)
     print(f"==> {'resuming run ' + plan.run_id if plan.resume else 'training'} on {ranks} ({how}); "

@@ -334,7 +334,7 @@ def test_a_dry_run_before_the_default_model_is_fetched_knows_how_far_it_shards(t
                           pending=frozenset({"model"}))
         return training.plan(cluster, request, run_id="r1")
 
-    assert "tensor parallel: each of the 3 ranks" in pending_plan(3).said[-1]
+    assert "tensor parallel: each of the 3 ranks" in pending_plan(3).notices[-1]
     with pytest.raises(UserError, match="its 3 key-value head groups cannot go whole to each of 4 ranks: "
                                         "it shards across at most 3 ranks"):
         pending_plan(4)

@@ -57,7 +57,7 @@ def test_the_nodes_that_ask_dequantize_at_load_and_the_run_says_so_per_node():
         "base weights 4-bit affine, group 64: kept quantized on node1; dequantized at load on node2 "
         "(inventory model_dequantize)"
     )
-    assert line in the_plan.said
+    assert line in the_plan.notices
     assert the_plan.record["base_weights"] == {"node1": "4-bit affine, group 64", "node2": "dequantized"}
     assert the_plan.dequantize_ranks == (1,)  # what the memory preflight counts in float
     with contextlib.redirect_stdout(io.StringIO()) as shown:
@@ -80,7 +80,7 @@ def test_a_node_s_ranks_are_numbered_as_the_launchers_fill_the_hostfile():
 def test_without_a_node_that_asks_every_rank_keeps_the_quantized_weights():
     the_plan = plan(layout({}), model("q4"))
     assert "--dequantize-ranks" not in the_plan.launch[-1]
-    assert "base weights 4-bit affine, group 64: kept quantized on node1, node2" in the_plan.said
+    assert "base weights 4-bit affine, group 64: kept quantized on node1, node2" in the_plan.notices
     assert the_plan.record["base_weights"] == {
         "node1": "4-bit affine, group 64",
         "node2": "4-bit affine, group 64",
@@ -98,7 +98,7 @@ def test_a_float_model_or_one_not_known_yet_gets_no_flag_and_nothing_is_said():
         ),
     ):
         assert "--dequantize-ranks" not in the_plan.launch[-1]
-        assert not [line for line in the_plan.said if line.startswith("base weights")]
+        assert not [line for line in the_plan.notices if line.startswith("base weights")]
         assert the_plan.record["base_weights"] is None
         assert the_plan.dequantize_ranks == ()
     # A model not fetched yet whose source's config.json says it is quantized is said all the same.
@@ -118,7 +118,7 @@ def test_ranks_the_settings_name_win_over_the_inventory():
     assert (
         "base weights 4-bit affine, group 64: kept quantized on node2; dequantized at load on node1 "
         "(dequantize_ranks in the settings)"
-    ) in the_plan.said
+    ) in the_plan.notices
 
 
 def test_full_on_a_quantized_base_is_refused_before_anything_is_synced_unless_every_node_dequantizes():
@@ -131,7 +131,7 @@ def test_full_on_a_quantized_base_is_refused_before_anything_is_synced_unless_ev
         plan(layout({"node2": True}), model("q4"), "--fine-tune-type", "full")
     every = plan(layout({"node1": True, "node2": True}), model("q4"), "--fine-tune-type", "full")
     assert "--dequantize-ranks 0,1" in every.launch[-1]
-    assert "dequantized at load on node1, node2 (inventory model_dequantize)" in every.said[-1]
+    assert "dequantized at load on node1, node2 (inventory model_dequantize)" in every.notices[-1]
     for kind in ("lora", "dora"):
         assert plan(layout({}), model("q4"), "--fine-tune-type", kind).record["base_weights"]
     assert plan(layout({}), model("float", None), "--fine-tune-type", "full").record["base_weights"] is None
