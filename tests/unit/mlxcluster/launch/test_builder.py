@@ -257,7 +257,7 @@ def test_one_rank_on_the_launcher_runs_without_a_launcher():
     assert builder.backend_for(one, None) == "mpi"
     alone = layout(node1={"slots": 1}).first_nodes(1)
     assert (builder.backend_for(alone, None), builder.backend_for(alone, "ring")) == ("direct", "ring")
-    with pytest.raises(UserError, match="--backend must be auto, mpi, ring, jaccl, jaccl-ring, not 'nccl'"):
+    with pytest.raises(UserError, match="--backend must be auto, ring, jaccl, jaccl-ring, mpi, not 'nccl'"):
         builder.backend_for(alone, "nccl")
 
 
