@@ -29,31 +29,28 @@ VENV_BIN = Path(sys.executable).parent
 TEST_LAB_ID = int(os.environ.get("MLX_TEST_LAB_ID", "5"))
 
 
-# test_docs.py runs its dry runs on the two nodes test_train.py trains on (`provisioned`), so it
-# goes just before test_train.py: after test_site.py, which wants fresh nodes, and before
-# test_train.py stops node2 for good. (test_molecule.py's scenarios use labs of their own.)
-# test_run_job.py stops `invoke run` on the same two nodes: after test_site.py too, then just
-# before test_train.py (after test_docs.py: moved in this order). test_restarts.py trains on the
-# three nodes test_site.py provisioned: after it, before the modules that provision two of them
-# (moved last: before test_docs.py where that one was moved).
-RUNS_JUST_BEFORE = {"test_docs.py": ("test_train.py", "test_train_links.py"),
-                    "test_run_job.py": ("test_train.py", "test_train_links.py"),
-                    "test_restarts.py": ("test_docs.py", "test_run_job.py", "test_train.py",
-                                         "test_train_links.py")}
+# The lab modules share one lab for the session, each leaving it as the next one wants it, in this
+# order (any module not named runs after them, in file order):
+# - test_site.py wants fresh nodes: it checks the first provisioning, and adds a fourth node;
+# - test_restarts.py trains on the three provisioned nodes (the fourth stopped, then back);
+# - test_docs.py's dry runs use the two nodes that test_run_job.py and test_train.py then run on
+#   (`provisioned`), and test_train.py stops node2 for good last;
+# - test_train_links.py cables the session's nodes in a ring.
+# Each module run alone (`invoke test -k`) provisions what it needs itself.
+LAB_ORDER = ("test_site.py", "test_restarts.py", "test_docs.py", "test_run_job.py", "test_train.py",
+             "test_train_links.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
-    for module, before in RUNS_JUST_BEFORE.items():
-        moved = [item for item in items if item.path == here / module]
-        if not moved:
-            continue
-        rest = [item for item in items if item.path != here / module]
-        ours = [n for n, item in enumerate(rest) if item.path.parent == here]
-        later = [n for n, item in enumerate(rest) if item.path.name in before and item.path.parent == here]
-        # Alone, or with only earlier modules of the lab: after them all.
-        at = later[0] if later else (ours[-1] + 1 if ours else len(rest))
-        items[:] = [*rest[:at], *moved, *rest[at:]]
+    rank = {name: n for n, name in enumerate(LAB_ORDER)}
+
+    def place(item: pytest.Item) -> int:
+        # Only this folder's modules move (others after them, as in file order); the sort is
+        # stable, so tests keep their order within each.
+        return rank.get(item.path.name, len(LAB_ORDER)) if item.path.parent == here else len(LAB_ORDER) + 1
+
+    items.sort(key=place)
     if os.geteuid() != 0:
         skip = pytest.mark.skip(reason="lab-cluster tests need root (network namespaces)")
         for item in items:
@@ -149,7 +146,7 @@ def lab_cluster(tmp_path_factory: pytest.TempPathFactory, tiny_inputs: tuple[Pat
     Provisioning a lab is most of a lab test's time, so it is done once: test_site.py checks the
     provisioning of the fresh nodes (dry run, first and second run, ...), then test_docs.py and
     test_train.py use two of the provisioned nodes (`provisioned`). The modules run in that order
-    (file order, but for RUNS_JUST_BEFORE); a module run alone provisions what it needs itself.
+    (LAB_ORDER); a module run alone provisions what it needs itself.
     """
     with fresh_lab(tmp_path_factory, 3) as cluster:
         yield dataclasses.replace(cluster, model=tiny_inputs[0])
