@@ -149,7 +149,7 @@ def run(c, inventory=None, interface=None, ship=None, backend=None, dry_run=Fals
     --backend ring starts a Python program with mlx.launch instead, for MLX's own backends.
     """
     program = everywhere.program_of(sys.argv, c.remainder)
-    everywhere.run(recorded(_inventory(c, inventory)).cluster, program, ship=Path(ship) if ship else None,
+    everywhere.run(recorded(_inventory(c, inventory)), program, ship=Path(ship) if ship else None,
                    interface=flags.interface(interface), backend=backend, dry_run=dry_run)
 
 

@@ -12,22 +12,27 @@ What it adds for programs of one's own:
   folder, each into a place of its own under the work directory (`shipped/`), which the training
   code's sync leaves alone;
 - every rank gets its rank and the rendezvous of frameworks that bring their own (PyTorch's
-  MASTER_ADDR/MASTER_PORT, XGBoost's tracker, Horovod's names): `RENDEZVOUS_NAMES`.
+  MASTER_ADDR/MASTER_PORT, XGBoost's tracker, Horovod's names): `RENDEZVOUS_NAMES`;
+- the job is tagged (`marker`: builder.JOB_TAG on its launcher's command line), and Ctrl-C or
+  SIGTERM stops every rank on every node as invoke train's are stopped (relay.supervise);
+- nodes left out after a fault stay out, as for invoke train (restarts.layout): each said in a
+  line, let back in once its checks pass.
 """
 
 from __future__ import annotations
 
 import hashlib
+import secrets
 import shlex
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from mlxcluster.describe.cluster import Cluster, Node
-from mlxcluster.errors import UserError
-from mlxcluster.launch import builder, remote, sync
+from mlxcluster.describe.cluster import Cluster, Node, Recorded
+from mlxcluster.errors import Interrupted, UserError
+from mlxcluster.jobs import restarts
+from mlxcluster.launch import builder, relay, remote, runs, sync
 from mlxcluster.paths import REPO
 
 # Interpreters whose first argument that is not an option is the script they run.
@@ -70,7 +75,13 @@ class Plan:
     command: list[str]
     program: list[str]  # as every rank runs it (shipped paths in place of the controller's)
     workdir: str
+    marker: str  # the job's tag: what names its processes on the launcher (builder.stop)
     said: list[str] = field(default_factory=list)
+
+
+def new_marker() -> str:
+    """A job's own tag: when it started, and a few random letters (two jobs of one second)."""
+    return f"job-{runs.new_id()}-{secrets.token_hex(3)}"
 
 
 def _place(node: Node, local: Path) -> str:
@@ -174,23 +185,30 @@ def launcher_for(cluster: Cluster, program: Sequence[str], backend: str | None) 
 
 def plan(cluster: Cluster, program: Sequence[str], *, ship: Path | None = None, cwd: Path | None = None,
          interface: str | None = None, interactive: bool = False, port: int = DRY_RUN_PORT,
-         backend: str | None = None) -> Plan:
-    """invoke run's steps and command; nothing is run."""
+         backend: str | None = None, marker: str | None = None) -> Plan:
+    """invoke run's steps and command; nothing is run. `marker`: the job's tag (default: a new one)."""
     launcher = launcher_for(cluster, program, backend)
     steps = sync.push_code(cluster)
     sent, program, workdir = shipped(cluster, program, ship, cwd or Path.cwd())
     steps += sent
+    marker = marker or new_marker()
     # mlx.launch runs the venv's python whatever the program calls it.
     job = builder.Job(["python", *program[1:]] if launcher in builder.MLX_BACKENDS else program,
                       backend=launcher, interface=interface, interactive=interactive, workdir=workdir,
-                      env=tuple(rendezvous(cluster, port).items()), rank_setup=RANK_SETUP)
-    return Plan(steps, builder.command(cluster, job), program, workdir or cluster.head.work_dir)
+                      env=tuple(rendezvous(cluster, port).items()), rank_setup=RANK_SETUP, tag=marker)
+    return Plan(steps, builder.command(cluster, job), program, workdir or cluster.head.work_dir, marker)
 
 
-def run(cluster: Cluster, program: list[str], *, ship: Path | None = None, interface: str | None = None,
-        backend: str | None = None, dry_run: bool = False) -> None:
+def run(cluster: Cluster | Recorded, program: list[str], *, ship: Path | None = None,
+        interface: str | None = None, backend: str | None = None, dry_run: bool = False) -> None:
     """Send the code (and the job's script or folder), then run `program` on every slot; a
-    UserError with its exit status if it fails."""
+    UserError with its exit status if it fails, Interrupted once every rank was stopped on Ctrl-C
+    or SIGTERM. `cluster`: the recorded one, less the nodes left out after a fault (as for invoke
+    train: each said in a line, let back in once its checks pass), or a layout run as it is."""
+    if isinstance(cluster, Recorded):
+        cluster, notes = restarts.layout(cluster, dry_run=dry_run, doing="running")
+        for note in notes:
+            print(f"# {note}")
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
     port = DRY_RUN_PORT if dry_run else free_port(cluster.head)
     the_plan = plan(cluster, program, ship=ship, interface=interface, interactive=interactive, port=port,
@@ -200,6 +218,14 @@ def run(cluster: Cluster, program: list[str], *, ship: Path | None = None, inter
         print(f"# run on {cluster.head.name} (in {the_plan.workdir}; MASTER_PORT: a free port of "
               f"{cluster.head.name} at launch)\n{shlex.join(the_plan.command)}")
         return
-    if code := subprocess.run(the_plan.command, cwd=REPO).returncode:
-        raise UserError(code=code)
+    try:
+        # Without a tty (output piped, CI, a service), ssh hangs nothing up on the launcher: the
+        # job is stopped there, and mpirun or mlx.launch stops every rank. Its stderr stays its own.
+        with relay.terminated_as_interrupted():
+            relayed = relay.supervise(cluster, the_plan.command, the_plan.marker, stderr=None)
+    except KeyboardInterrupt:
+        nodes = ", ".join(n.name for n in cluster.training_nodes)
+        raise Interrupted(f"interrupted: every rank of the job was stopped ({nodes})") from None
+    if relayed.code:
+        raise UserError(code=relayed.code)
 

@@ -27,7 +27,7 @@ from typing import Protocol, TypeVar
 from mlxcluster.check import doctor
 from mlxcluster.check.faults import Fault, TrainFailed
 from mlxcluster.describe import drained
-from mlxcluster.describe.cluster import Cluster, Recorded
+from mlxcluster.describe.cluster import Cluster, NotReady, Recorded
 from mlxcluster.errors import UserError
 from mlxcluster.launch import runs
 
@@ -78,9 +78,10 @@ class Policy:
                             + (f" now ({out} left out: invoke doctor says why)" if out else ""))
 
 
-def rejoined(rec: Recorded) -> Cluster:
+def rejoined(rec: Recorded, doing: str = "training") -> Cluster:
     """The layout to launch on: the recorded cluster without the nodes left out whose checks are
-    still red; the ones whose checks pass again rejoin (said, and removed from the record)."""
+    still red, each said in a line (`doing` goes on without it); the ones whose checks pass again
+    rejoin (said, and removed from the record)."""
     out = drained.read(rec.build)
     if not out:
         return rec.cluster
@@ -91,9 +92,33 @@ def rejoined(rec: Recorded) -> Cluster:
         print(f"==> {entry.node} rejoins: its checks pass again (it was left out by run {entry.run}: "
               f"{entry.cause})", flush=True)
     for name in sorted(still):
-        print(f"==> {out[name].line}; its checks still fail (invoke doctor shows them): training "
-              "without it", flush=True)
-    return rec.cluster.without(still)
+        print(f"==> {out[name].line}; its checks still fail (invoke doctor -i {rec.inventory} shows "
+              f"them; it is let back in at the first launch after they pass): {doing} without it",
+              flush=True)
+    return without(rec, still)
+
+
+def layout(rec: Recorded, *, dry_run: bool = False, doing: str = "training") -> tuple[Cluster, list[str]]:
+    """The layout a launch runs on (`rejoined`), and what a dry run says of it: a dry run touches
+    no host, so it leaves out every node recorded as left out, with a note each."""
+    if not dry_run:
+        return rejoined(rec, doing), []
+    out = drained.read(rec.build)
+    return without(rec, set(out)), [f"{entry.line}: a run checks it first, and lets it back in if its "
+                                    "checks pass" for entry in out.values()]
+
+
+def without(rec: Recorded, names: set[str]) -> Cluster:
+    """The recorded cluster less the nodes left out `names`; when no layout is left (no node that
+    trains, no cable between those left), a NotReady that says how they come back."""
+    if not names:
+        return rec.cluster
+    try:
+        return rec.cluster.without(names)
+    except NotReady as error:
+        raise NotReady(f"{error}: {', '.join(sorted(names))} left out after a fault "
+                       f"({rec.build / drained.FILE}); invoke doctor -i {rec.inventory} shows what fails "
+                       "there, and a launch lets a node back in once its checks pass") from None
 
 
 def left_out(rec: Recorded, run_id: str, fault_node: str, cause: str, why: str) -> drained.Drained:

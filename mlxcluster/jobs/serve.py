@@ -18,7 +18,6 @@ import contextlib
 import http.client
 import json
 import shlex
-import signal
 import subprocess
 import time
 import urllib.parse
@@ -229,10 +228,6 @@ def tunnel(command: list[str] | None, port: int) -> Iterator[None]:
             process.wait()
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def execute(plan: Plan) -> None:
     """Send, start every rank, say where the API is once rank 0 listens, and relay its output until
     Ctrl-C (every rank stopped: Interrupted) or the server stops on its own (ServeFailed)."""
@@ -248,16 +243,14 @@ def execute(plan: Plan) -> None:
             print(f"==> the API is at {plan.url} (OpenAI-compatible; Ctrl-C stops every rank)", flush=True)
 
     # A service manager stops a server with SIGTERM: it stops every rank as Ctrl-C does.
-    previous = signal.signal(signal.SIGTERM, _interrupt)
     with stack:
         try:
-            relayed = relay.supervise(plan.cluster, plan.launch, plan.marker, on_line=on_line,
-                                      stdin=subprocess.DEVNULL)
+            with relay.terminated_as_interrupted():
+                relayed = relay.supervise(plan.cluster, plan.launch, plan.marker, on_line=on_line,
+                                          stdin=subprocess.DEVNULL)
         except KeyboardInterrupt:
             raise Interrupted(f"stopped: every rank of the server on {plan.cluster.head.name} was "
                               "stopped") from None
-        finally:
-            signal.signal(signal.SIGTERM, previous)
         # The clients still waiting learn which rank and node, while the tunnel still reaches the front.
         if which := builder.which_rank(plan.cluster, relayed.output):
             tell_front(plan.url, which)

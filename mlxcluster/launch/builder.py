@@ -50,15 +50,17 @@ _MARKER = re.compile(r"^[\w./ -]+$")
 JOB_TAG = "MLX_CLUSTER_JOB"
 # One process run directly has no launcher: a tagged one runs under the launcher's python, which
 # waits for it and passes SIGTERM (stop_command's) on, so that the tag stays on a command line
-# whatever the program is; its exit status is the program's. A terminal's Ctrl-C and hang-up reach
-# the program itself (ssh -tt: the same process group), so this python only waits for its end.
-# One line, so that stop_command's `.*` spans it whatever a pkill's regex makes of a newline.
-TAG_WAITS = ("import signal, subprocess, sys; "
+# whatever the program is; its exit status is the program's. A SIGTERM that comes while the program
+# starts is kept and passed on once it has. A terminal's Ctrl-C and hang-up reach the program itself
+# (ssh -tt: the same process group), so this python only waits for its end. One line, so that
+# stop_command's `.*` spans it whatever a pkill's regex makes of a newline.
+TAG_WAITS = ("import signal, subprocess, sys; program, stops = [], []; "
              "[signal.signal(n, lambda *_: None) for n in (signal.SIGINT, signal.SIGHUP)]; "
-             "signal.signal(signal.SIGTERM, lambda *_: sys.exit(143)); "
-             "program = subprocess.Popen(sys.argv[2:]); "
-             "signal.signal(signal.SIGTERM, lambda number, _: program.send_signal(number)); "
-             "code = program.wait(); sys.exit(128 - code if code < 0 else code)")
+             "signal.signal(signal.SIGTERM, "
+             "lambda n, _: stops.append(n) or [p.send_signal(n) for p in program]); "
+             "program.append(subprocess.Popen(sys.argv[2:])); "
+             "[program[0].send_signal(n) for n in stops[:1]]; "
+             "code = program[0].wait(); sys.exit(128 - code if code < 0 else code)")
 
 
 @dataclass(frozen=True)

@@ -5,17 +5,19 @@ terminal as it arrives, progress bars included, keeping the tail from which a fa
 It notices a rank that reported a stall (training/loop/watchdog.py), can give up after a timeout, can
 hold back lines a benchmark prints for the controller, and can time-stamp lines as they arrive.
 `supervise` adds what every caller needs: the job is stopped on its launcher (every rank with it)
-after a stall, a timeout or Ctrl-C.
+after a stall, a timeout or Ctrl-C; `terminated_as_interrupted` makes SIGTERM a Ctrl-C.
 """
 
 from __future__ import annotations
 
+import contextlib
 import select
+import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from mlxcluster.describe.cluster import Cluster
@@ -73,7 +75,7 @@ class _Stream:
 def relay(cmd: Sequence[str], *, keep: int = 1 << 16, on_stall: Callable[[], None] | None = None,
           timeout: float | None = None, hide: str | None = None, stamp: bool = False,
           stdin: int | None = None, on_line: Callable[[str], None] | None = None,
-          on_stalled: Callable[[], None] | None = None) -> Relayed:
+          on_stalled: Callable[[], None] | None = None, stderr: int | None = subprocess.STDOUT) -> Relayed:
     """Run `cmd` with its output passed through as it comes.
 
     on_stalled is called once as soon as a rank reports a stall (the rank holds still a few
@@ -82,14 +84,15 @@ def relay(cmd: Sequence[str], *, keep: int = 1 << 16, on_stall: Callable[[], Non
     not shown but returned; with `stamp`, every line is returned with the time it arrived;
     `on_line` is called with each whole line as it arrives.
     stdin: the command's (default: this one's, so that ssh -tt passes Ctrl-C on at a terminal).
+    stderr: where the command's goes (default: with its output; None: this one's, as it comes,
+    and the tail holds the output alone).
     """
     stream = _Stream(keep, hide.encode() if hide else None, stamp, on_line)
     deadline = None if timeout is None else time.monotonic() + timeout
     out = sys.stdout.buffer
     stalled_at: float | None = None
     timed_out = False
-    with subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          stdin=stdin) as proc:
+    with subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=stderr, stdin=stdin) as proc:
         assert proc.stdout is not None
         try:
             while deadline is None or time.monotonic() < deadline:
@@ -117,6 +120,21 @@ def relay(cmd: Sequence[str], *, keep: int = 1 << 16, on_stall: Callable[[], Non
     stream.relayed.code = None if timed_out else code
     stream.relayed.output = stream.tail.decode(errors="replace")
     return stream.relayed
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def terminated_as_interrupted() -> Iterator[None]:
+    """SIGTERM (a service manager's, a `kill`) raises KeyboardInterrupt within: a supervised job
+    is then stopped on every rank as on Ctrl-C. Main thread only, as any signal handler."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def supervise(cluster: Cluster, cmd: Sequence[str], marker: str, **options: object) -> Relayed:

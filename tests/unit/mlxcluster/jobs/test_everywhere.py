@@ -1,21 +1,30 @@
 """invoke run's plan (mlxcluster/jobs/everywhere.py): the words after `--` as typed, the script or
-folder of the job sent to every node, the rendezvous every rank gets; run for real on a cluster of
-one local node (real rsync, real shell, the command as built), and as command lines for two."""
+folder of the job sent to every node, the rendezvous every rank gets, the job's tag that stops it,
+the nodes left out after a fault; run for real on a cluster of one local node (real rsync, real
+shell, the command as built), and as command lines for two."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shlex
+import signal
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
 
-from mlxcluster.describe.cluster import Cluster
+from mlxcluster.check import doctor
+from mlxcluster.check.doctor import Check
+from mlxcluster.describe import drained
+from mlxcluster.describe.cluster import Cluster, NotReady, Recorded
 from mlxcluster.errors import UserError
 from mlxcluster.jobs import everywhere
-from mlxcluster.launch import builder
+from mlxcluster.launch import builder, relay, sync
 from mlxcluster.paths import REPO
 
 from .test_train import lab_layout
@@ -161,3 +170,186 @@ def test_the_rank_setup_reads_mpirun_s_rank_else_mlx_launch_s_else_one_alone():
     assert ranks({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}) == ["3", "1", "3"]
     assert ranks({"MLX_RANK": "2"}) == ["2", "0", "2"]
     assert ranks({}) == ["0", "0", "0"]
+
+
+# --- stopping every rank: the job's tag on its launcher's command line -----------------------------
+
+
+def launcher_command_line(command: list[str]) -> str:
+    """The command line (as pkill -f reads it) of the process that holds the job on the launcher
+    once the launch line has run: mpirun, mlx.launch under the venv's python, or (one rank alone)
+    the python that waits for the program."""
+    words = shlex.split(command[-1])
+    for i, word in enumerate(words):
+        if word.endswith("/bin/mpirun"):
+            return " ".join(words[i:])
+        if word.endswith("/bin/mlx.launch"):
+            return " ".join(["/opt/mlx-cluster/venv/bin/python", *words[i:]])
+    after_env = words.index("env") + 1
+    while "=" in words[after_env]:
+        after_env += 1
+    return " ".join(words[after_env:])
+
+
+def stop_pattern(stop: list[str]) -> str:
+    """The pattern the stop command's pkill -f kills by."""
+    found = re.search(r"pkill -TERM -f '([^']*)'", stop[-1])
+    assert found, stop
+    return found[1]
+
+
+@pytest.mark.parametrize("backend", ["mpi", "ring", "direct"])
+def test_the_job_is_tagged_where_the_stop_command_finds_it_whatever_the_program(backend):
+    """`hostname` names no run: the job's tag, on its launcher's command line, is what train's stop
+    command (builder.stop_command) kills it by, on every backend."""
+    cluster = Cluster.from_json(lab_layout())
+    if backend == "direct":  # one slot alone: no launcher program
+        cluster = cluster.only(cluster.head)
+    program = ["python", "-c", "print(1)"] if backend == "ring" else ["hostname"]
+    plan = everywhere.plan(cluster, program, backend=None if backend == "direct" else backend, port=40000)
+    assert re.fullmatch(r"job-\d{8}-\d{6}-[0-9a-f]{6}", plan.marker)
+    assert plan.marker != everywhere.plan(cluster, program, backend=None if backend == "direct" else backend,
+                                          port=40000).marker
+    line = launcher_command_line(plan.command)
+    assert f"{builder.JOB_TAG}={plan.marker}" in line or f" {plan.marker} " in line, line
+    stop = builder.stop_command(cluster, plan.marker)
+    assert stop[:-1] == ["ssh", "-o", "BatchMode=yes", "-i", "/k/id", "root@10.77.5.11"]  # on the launcher
+    assert re.search(stop_pattern(stop), line), (stop_pattern(stop), line)
+    # Not another job's: invoke train's runs, another invoke run.
+    assert not re.search(stop_pattern(builder.stop_command(cluster, everywhere.new_marker() + "x")), line)
+
+
+def test_the_stop_command_stops_mlx_launch_s_ranks_as_well_as_it(tmp_path):
+    """mlx.launch ends on SIGTERM without stopping its children (an ssh -tt per rank), which would
+    leave every rank running: the stop command lists them first and stops them once it ended."""
+    marker = f"job-{uuid.uuid4().hex}"
+    token = f"rank-{uuid.uuid4().hex}"  # the rank's own words do not hold the job's tag
+    launcher = tmp_path / "bin" / "mlx.launch"  # ends on SIGTERM as mlx.launch does, its child left
+    launcher.parent.mkdir()
+    launcher.write_text("import subprocess, sys, time\n"
+                        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)',"
+                        f" {token!r}])\n"
+                        "time.sleep(120)\n")
+    started = subprocess.Popen([sys.executable, str(launcher), "--env", f"MLX_CLUSTER_JOB={marker}"],
+                               stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not pids_holding(token) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pids_holding(token), "the rank never started"
+        here = Cluster.from_json(dict(lab_layout(), nodes=[dict(lab_layout()["nodes"][0],
+                                                                  connection={"type": "local"})]))
+        builder.stop(here, marker)
+        assert started.wait(timeout=30) == -signal.SIGTERM
+        gone_within(30, token)
+    finally:
+        started.kill()
+        subprocess.run(["pkill", "-KILL", "-f", token], check=False, stdin=subprocess.DEVNULL)
+
+
+def test_one_rank_alone_runs_under_its_tag_with_its_exit_status_and_is_stopped_by_it(local):
+    """With no launcher program (one slot), a python that waits for the program holds the tag: the
+    program's exit status is the job's, and stop ends the program, whose words hold no tag."""
+    failing = everywhere.plan(local, ["sh", "-c", "exit 3"])
+    assert subprocess.run(failing.command, stdin=subprocess.DEVNULL, capture_output=True).returncode == 3
+    token = f"sleeper-{everywhere.new_marker()}"  # not the job's tag
+    plan = everywhere.plan(local, ["python", "-c", "import time; time.sleep(120)", token])
+    job = subprocess.Popen(plan.command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while not pids_holding(token) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pids_holding(token), job.communicate(timeout=5)
+        builder.stop(local, plan.marker)
+        # The python's 143, or -15: the shell that runs the launch line holds the tag too.
+        assert job.wait(timeout=30) in (128 + signal.SIGTERM, -signal.SIGTERM)
+        gone_within(30, token)
+    finally:
+        job.kill()
+        job.communicate()
+        subprocess.run(["pkill", "-KILL", "-f", token], check=False, stdin=subprocess.DEVNULL)
+
+
+def pids_holding(token: str) -> list[int]:
+    """The processes whose command line holds `token`, as pkill -f matches them."""
+    found = subprocess.run(["pgrep", "-f", token], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    return [int(pid) for pid in found.stdout.split()]
+
+
+def gone_within(seconds: float, token: str) -> None:
+    deadline = time.monotonic() + seconds
+    while pids_holding(token) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pids_holding(token) == []
+
+
+# --- nodes left out after a fault --------------------------------------------------------------------
+
+
+def recorded_with_node2_left_out(tmp_path: Path) -> Recorded:
+    """Three lab nodes as provisioned, node2 recorded as left out by a run after a fault."""
+    build = tmp_path / "build"
+    drained.add(build, drained.Drained("node2", "killed", "killed ...", "20261126-100000",
+                                       "2026-11-26T10:05:00", 20))
+    layout = lab_layout()
+    third = {k: v.replace("1", "3", 1) if k == "name" else v for k, v in layout["nodes"][1].items()}
+    third |= {"name": "node3", "thunderbolt_ip": "10.78.5.13",
+              "connection": dict(third["connection"], host="10.77.5.13")}
+    return Recorded("inventory/lab.yml", Cluster.from_json(dict(layout, nodes=[*layout["nodes"], third])),
+                    build)
+
+
+def test_a_node_left_out_stays_out_of_the_job_said_with_how_it_comes_back(tmp_path, monkeypatch, capsys):
+    """As for invoke train (restarts.layout): node2, left out after a fault, is checked first; while
+    its checks fail the job runs on node1 alone, and a line says which node and how it comes back."""
+    rec = recorded_with_node2_left_out(tmp_path)
+    monkeypatch.setattr(doctor, "red_node_checks", lambda cluster, need: [
+        Check("node2", "management ssh", False, "timed out")])
+    monkeypatch.setattr(everywhere, "free_port", lambda head: 40000)
+    monkeypatch.setattr(sync, "run_steps", lambda steps, dry_run=False: None)
+    launched = []
+    monkeypatch.setattr(relay, "supervise", lambda cluster, cmd, marker, **options: launched.append(
+        (cluster, cmd, marker, options)) or relay.Relayed(0, ""))
+    everywhere.run(rec, ["hostname"])
+    said = capsys.readouterr().out
+    assert ("==> node2 left out since 2026-11-26 10:05:00 by run 20261126-100000 (killed); its checks still "
+            "fail (invoke doctor -i inventory/lab.yml shows them; it is let back in at the first launch "
+            "after they pass): running without it") in said
+    [(cluster, cmd, marker, options)] = launched
+    assert [n.name for n in cluster.nodes] == ["node1", "node3"] and options == {"stderr": None}
+    line = cmd[-1]
+    assert line.startswith("printf '%s\\n' '10.78.5.11 slots=1\n10.78.5.13 slots=1' > "
+                           "/opt/mlx-cluster/work/layout-hostfile && ")
+    assert "--hostfile /opt/mlx-cluster/work/layout-hostfile -np 2 " in line
+    assert "-x WORLD_SIZE=2 " in line and f"-x {builder.JOB_TAG}={marker} " in line
+    assert sorted(drained.read(rec.build)) == ["node2"]  # still out
+
+    # Its checks pass: it is let back in, and the job runs on both.
+    monkeypatch.setattr(doctor, "red_node_checks", lambda cluster, need: [])
+    everywhere.run(rec, ["hostname"])
+    assert "==> node2 rejoins: its checks pass again" in capsys.readouterr().out
+    assert launched[-1][0] == rec.cluster and drained.read(rec.build) == {}
+
+
+def test_a_dry_run_leaves_the_node_out_unchecked_and_no_node_left_is_refused_with_the_fix(tmp_path, capsys):
+    rec = recorded_with_node2_left_out(tmp_path)
+    everywhere.run(rec, ["hostname"], dry_run=True)  # touches no host: nothing is checked
+    said = capsys.readouterr().out
+    assert ("# node2 left out since 2026-11-26 10:05:00 by run 20261126-100000 (killed): a run checks it "
+            "first, and lets it back in if its checks pass") in said
+    assert "--hostfile /opt/mlx-cluster/work/layout-hostfile -np 2 " in said
+    for node in ("node1", "node3"):
+        drained.add(rec.build, drained.Drained(node, "lost", "lost", "20261126-110000", "2026-11-26T11:00"))
+    with pytest.raises(NotReady, match=r"no node that trains is left without node1, node2, node3: node1, "
+                                       r"node2, node3 left out after a fault \(.*drained.json\); invoke "
+                                       r"doctor -i inventory/lab.yml shows what fails there, and a launch "
+                                       r"lets a node back in once its checks pass"):
+        everywhere.run(rec, ["hostname"], dry_run=True)
+
+
+def test_sigterm_is_ctrl_c_while_a_job_runs_and_only_then():
+    with relay.terminated_as_interrupted(), pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL

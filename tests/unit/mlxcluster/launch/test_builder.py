@@ -278,8 +278,12 @@ def test_a_layouts_ring_hosts_file_has_one_entry_per_rank_like_the_rendered_one(
 
 def test_the_stop_command_targets_only_this_runs_processes():
     cmd = builder.stop_command(layout(), "--tag links-20260101-000000")
-    assert cmd[-1] == "pkill -TERM -f '(mpirun|mlx\\.launch|python) .*--tag links-20260101-000000'"
-    assert builder.stop_command(layout(), "runs/20260101-000000")[-1].endswith(".*runs/20260101-000000'")
+    # mlx.launch's children (a rank each) listed first, stopped once it has ended.
+    assert cmd[-1] == ("ranks=$(for p in $(pgrep -f 'mlx\\.launch .*--tag links-20260101-000000'); do "
+                       'pgrep -P "$p"; done); '
+                       "pkill -TERM -f '(mpirun|mlx\\.launch|python) .*--tag links-20260101-000000'; "
+                       'for p in $(echo $ranks); do kill -TERM "$p" 2>/dev/null; done')
+    assert "python) .*runs/20260101-000000'; " in builder.stop_command(layout(), "runs/20260101-000000")[-1]
     with pytest.raises(ValueError, match="marker"):
         builder.stop_command(layout(), "x'; reboot")
 
