@@ -42,7 +42,7 @@ class Session:
 
 SESSIONS = (
     Session("lab", ("tests/cluster", "tests/contract", f"--ignore={MOLECULE}")),
-    Session("unit", ("tests/unit",), nice=5),
+    Session("unit", ("tests/unit",), nice=10),
     Session("molecule", (MOLECULE,), nice=5),
 )
 
