@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -73,8 +74,9 @@ class PlaybookRun:
     def of(cls, proc: subprocess.CompletedProcess) -> PlaybookRun:
         return cls(proc.returncode, proc.stdout, proc.stderr)
 
-    @property
+    @functools.cached_property
     def recap(self) -> ansible.Recap:
+        """Read once: stats, changed and failures each ask for it."""
         try:
             return ansible.Recap.read(self.stdout, self.stderr)
         except ansible.UnreadableRecap as unreadable:
