@@ -322,18 +322,21 @@ def _checked(marker: str) -> str:
     return marker
 
 
+def stop_pattern(marker: str) -> str:
+    """The pkill pattern of stop_command: a launcher's or a program's command line holding `marker`."""
+    return f"(mpirun|mlx\\.launch|python) .*{_checked(marker)}"
+
+
 def stop_command(cluster: Cluster, marker: str) -> list[str]:
     """Stops a job's launcher (and with it every rank): the processes whose command line holds
     `marker` (a run's directory, a benchmark's tag, invoke run's JOB_TAG). mpirun stops every rank
     as it ends; mlx.launch ends without stopping its ranks, so its children (an ssh -tt or a shell
     per rank, listed first) are stopped once it has ended: a rank's shell stops its program on
     their hang-up or TERM (RANK_WAITS), on every node."""
-    marker = _checked(marker)
-    pattern = f"(mpirun|mlx\\.launch|python) .*{marker}"
-    launchers = f"mlx\\.launch .*{marker}"
+    launchers = f"mlx\\.launch .*{_checked(marker)}"
     return remote.ssh_command(cluster.head, (
         f'ranks=$(for p in $(pgrep -f {shlex.quote(launchers)}); do pgrep -P "$p"; done); '
-        f"pkill -TERM -f {shlex.quote(pattern)}; "
+        f"pkill -TERM -f {shlex.quote(stop_pattern(marker))}; "
         'for p in $(echo $ranks); do kill -TERM "$p" 2>/dev/null; done'))
 
 

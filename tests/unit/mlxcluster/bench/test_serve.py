@@ -105,7 +105,8 @@ def test_every_program_s_tag_is_a_marker_the_stop_takes():
     for program in ("ours", "stock", serve.STOCK_ADAPTER):
         marker = f"stock-serve-{serve.tag_of('20261126-072438', program, 1, 1)}"
         # The stop's pkill pattern finds the stock server's own command line, and only that run's.
-        pattern = shlex.split(builder.stop_command(cluster, marker)[-1])[-1]
+        pattern = builder.stop_pattern(marker)
+        assert f"pkill -TERM -f {shlex.quote(pattern)}" in builder.stop_command(cluster, marker)[-1]
         launched = shlex.join(serve.stock_program("/w/model", 8080, marker))
         assert re.search(pattern, launched), (pattern, launched)
         assert not re.search(pattern, launched.replace("072438", "072439"))
