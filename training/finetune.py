@@ -35,6 +35,7 @@ from rich.console import Console
 from training.command_line import build_parser, cli_values
 from training.config import (
     DEFAULT_CONFIG,
+    BatchPlan,
     ConfigError,
     FinetuneConfig,
     adapter_config,
@@ -188,6 +189,7 @@ def train(
     callback: trainer.TrainingCallback,
     display: ProgressDisplay,
     first_step: int,
+    cut: BatchPlan,
 ) -> Trained:
     """mlx-lm's training loop from `first_step` to `iters`, then a validation of the final weights
     and (test: true) the test split's loss."""
@@ -195,7 +197,6 @@ def train(
     # The trainer's final save goes to a partial file that is renamed once complete.
     final_partial = out / ".adapters.partial.safetensors"
     layout = loaded.layout
-    cut = batch_plan(config, group.size())
     batches = SharedBatches(config.seed, cut.shares, cut.micro_batches, skip=first_step,
                             data_group=layout.data_group)
     loss = summed_loss_with(layout.cross_entropy, counted=layout.counts_tokens)
@@ -262,6 +263,7 @@ def write_summary(
     model_load: float,
     checks: RankChecks,
     resumed: ResumePoint | None,
+    cut: BatchPlan,
     test_loss: float | None = None,
 ) -> dict[str, Any]:
     """Rank 0, at the end: summary.json and (where matplotlib is) loss.png; the summary."""
@@ -282,7 +284,6 @@ def write_summary(
         summary["test_ppl"] = math.exp(test_loss)
     summary["peak_memory_gb_per_rank"] = checks.peak_memory_gb
     summary["base_weights_per_rank"] = checks.base_weights  # quantized, dequantized at load, or float
-    cut = batch_plan(config, len(checks.rank_tokens))
     # In tensor parallelism the ranks compute the batch together, as one data rank.
     summary["batch"] = report.batch_split(
         cut.shares, cut.micro_batches, checks.rank_tokens[:len(cut.shares)], summary.get("tokens_per_second"),
@@ -331,11 +332,12 @@ def run(
     first_step = resumed.step if resumed else 0
 
     out = Path(config.adapter_path)
+    cut = batch_plan(config, group.size())  # each rank's share of every batch, in micro-batches
     display = ProgressDisplay(
         config.iters,
         (console or Console()) if rank0 else None,
         first_iteration=first_step,
-        micro_batches=batch_plan(config, group.size()).micro_batches,
+        micro_batches=cut.micro_batches,
     )
     metrics = MetricsCallback(group, out / "metrics.jsonl", display, resumed=resumed)
     checkpointer = Checkpointer(
@@ -348,7 +350,7 @@ def run(
     watchdog = watchdog_for(config, group, display)
     watchdog.start()
     try:
-        trained = train(config, group, loaded, optimizer, callback, display, first_step)
+        trained = train(config, group, loaded, optimizer, callback, display, first_step, cut)
         checks = check_ranks(loaded.model, group, trained.tokens, loaded.layout, loaded.base_weights)
     finally:
         watchdog.stop()
@@ -358,7 +360,7 @@ def run(
     if not rank0:
         return None
     wall_time = time.monotonic() - started
-    summary = write_summary(config, metrics.records, wall_time, loaded.seconds, checks, resumed,
+    summary = write_summary(config, metrics.records, wall_time, loaded.seconds, checks, resumed, cut,
                             trained.test_loss)
     display.print(done_line(summary, out))
     return summary

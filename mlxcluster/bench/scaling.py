@@ -227,9 +227,8 @@ def _our_runs(rec: Recorded, plan: Sequence[tuple[int, str]], layouts: Mapping[i
         layout = layouts[count]
         print(f"==> scaling: {steps} on {count} "
               f"node{'s' if count > 1 else ''}, {mode} parallel", flush=True)
-        # The flag trains the ranks so; Request.parallel is what the controller checks and records.
-        moded = dataclasses.replace(request, overrides=[*request.overrides, *parallelism.flags(mode)],
-                                    parallel=mode)
+        # The flag trains the ranks so, and is what the controller checks and records (request.parallel).
+        moded = dataclasses.replace(request, overrides=[*request.overrides, *parallelism.flags(mode)])
         run_dir = train.launch_run(layout, moded, rec.inventory)
         run_dirs[str(count) if mode == BASELINE_MODE else f"{count}-{mode}"] = str(run_dir)
         rows.append(row(count, layout.world_size, json.loads((run_dir / "summary.json").read_text()),
@@ -239,7 +238,7 @@ def _our_runs(rec: Recorded, plan: Sequence[tuple[int, str]], layouts: Mapping[i
 
 def _stock_row(one_node: Cluster, request: Request) -> dict[str, Any]:
     """Stock mlx_lm lora alone on the node of our 1-node run, with our runs' settings."""
-    ours = run_settings.read(request.config, request.overrides)
+    ours = request.settings
     layout = one_node.only(one_node.training_nodes[0])
     return stock_mlx_lm.measure(layout, request.data, request.model, iters=ours.iters,
                                 settings=stock_mlx_lm.settings_for(ours, request.model),

@@ -123,8 +123,7 @@ def run(rec: Recorded, *, nodes: str | None = None, iters: int = 30,
                                 ("tensor", sharded, ["--parallel", "tensor"])):
         print(f"==> tensor: {iters} steps of batch {batch} on {layout.world_size} "
               f"rank{'s' if layout.world_size > 1 else ''} ({name})", flush=True)
-        request = Request(data_dir, model_dir, overrides=[*overrides, *flags], threads=threads,
-                          parallel="tensor" if flags else "data")
+        request = Request(data_dir, model_dir, overrides=[*overrides, *flags], threads=threads)
         run_dirs[name] = train.launch_run(layout, request, rec.inventory)
     single, tensor = measured(run_dirs["single"]), measured(run_dirs["tensor"])
     result = {"benchmark": "tensor", "date": results.date(), "inventory": rec.inventory,

@@ -26,7 +26,7 @@ import secrets
 import shlex
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from mlxcluster.describe.cluster import Cluster, Node, Recorded
@@ -76,7 +76,6 @@ class Plan:
     program: list[str]  # as every rank runs it (shipped paths in place of the controller's)
     workdir: str
     marker: str  # the job's tag: what names its processes on the launcher (builder.stop)
-    said: list[str] = field(default_factory=list)
 
 
 def new_marker() -> str:
@@ -166,9 +165,9 @@ def rendezvous(cluster: Cluster, port: int) -> dict[str, str]:
 
 def free_port(head: Node) -> int:
     """A port free on the launcher now, for the job's rendezvous."""
-    said = remote.output(head, remote.ssh_command(head, remote.shell_line(
+    output = remote.output(head, remote.ssh_command(head, remote.shell_line(
         head, ["python", "-c", FREE_PORT])), timeout=60)
-    return int(said.split()[-1])
+    return int(output.split()[-1])
 
 
 def launcher_for(cluster: Cluster, program: Sequence[str], backend: str | None) -> str:

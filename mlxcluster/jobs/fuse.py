@@ -133,9 +133,9 @@ def execute(plan: Plan) -> Path:
         raise Interrupted(f"stopped: nothing was written to {plan.output}") from None
     if result.returncode != 0:
         shutil.rmtree(plan.staging, ignore_errors=True)
-        said = (result.stderr.strip() or result.stdout.strip()).splitlines()
+        output = (result.stderr.strip() or result.stdout.strip()).splitlines()
         raise FuseError(f"fusing failed (exit {result.returncode}), nothing was written to {plan.output}: "
-                        + (said[-1] if said else "no output"))
+                        + (output[-1] if output else "no output"))
     from training.model.folder import missing_files
 
     if missing := missing_files(plan.staging):

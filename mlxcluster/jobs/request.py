@@ -11,6 +11,7 @@ import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,6 @@ class Request:
     mlx_envs: Sequence[str] = ()  # hostfile_mlx_envs, for a hosts file written at launch (JACCL's)
     # The latest calibration of this model and sequence length (batch_share: auto), if any.
     calibration: Mapping[str, Any] | None = None
-    parallel: str = "data"  # or tensor, as the config and flags say (mlxcluster/launch/parallel.py)
     # Defaults a dry run has not made yet ("data", "model"): their files are shown, not checked.
     pending: frozenset[str] = frozenset()
     # A model not fetched yet: what it was given as (None: the demo's SmolLM2), and its config.json
@@ -50,6 +50,17 @@ class Request:
     model_source: str | None = None
     pending_shape: Mapping[str, Any] | None = field(default_factory=lambda: SMOLLM2_SHAPE)
     interactive: bool = field(default_factory=lambda: sys.stdin.isatty() and sys.stdout.isatty())
+
+    @cached_property
+    def settings(self) -> FinetuneConfig:
+        """The user's settings (the config file, then the overrides), read once: what the plan
+        works the layout out from. A flag that names the run's own folders is refused here."""
+        return run_settings.read(self.config, run_settings.user_flags(self.overrides))
+
+    @property
+    def parallel(self) -> str:
+        """data or tensor, as the settings say (mlxcluster/launch/parallel.py)."""
+        return self.settings.parallel
 
 
 @dataclass(frozen=True)
@@ -91,10 +102,11 @@ def resumed(options: Options) -> tuple[str | None, Options]:
                             f"{'has no manifest' if given is None else given[:12]}): resume without "
                             "--model, or start a new run with invoke train")
     # The inputs here, over the nodes' paths in the run's config.yaml.
-    here = [*(hf_datasets.flag(info["hf_dataset"]) if info.get("hf_dataset") else []),
-            *(["--resume-adapter-file", str(info["resume_adapter_file"])] if info.get("resume_adapter_file")
-              else [])]
-    extra = shlex.join([*here, *run_settings.split_extra(options.extra)]) if here else options.extra
+    inputs_here = [*(hf_datasets.flag(info["hf_dataset"]) if info.get("hf_dataset") else []),
+                   *(["--resume-adapter-file", str(info["resume_adapter_file"])]
+                     if info.get("resume_adapter_file") else [])]
+    extra = (shlex.join([*inputs_here, *run_settings.split_extra(options.extra)]) if inputs_here
+             else options.extra)
     return run_id, dataclasses.replace(
         options, data=options.data or recorded_data, model=options.model or recorded_model,
         backend=options.backend or info.get("backend"), config=str(runs.resume_config(run_id)), extra=extra)
@@ -125,12 +137,10 @@ def request_for(rec: Recorded, options: Options, *, fetch: bool) -> Request:
     if options.batch_size:
         overrides += ["--batch-size", str(options.batch_size)]
     overrides += parallel.flags(options.parallel)
-    settings = run_settings.read(config, overrides)
-    return Request(data, model, config, overrides, options.backend, flags.interface(options.interface),
-                   options.btl_tcp_links, options.threads, installed["path"] if installed else None,
-                   mlx_envs=rec.mlx_envs, calibration=calibration_for(rec, model, settings),
-                   parallel=settings.parallel, pending=pending, model_source=fetched_from,
-                   pending_shape=shape)
+    request = Request(data, model, config, overrides, options.backend, flags.interface(options.interface),
+                      options.btl_tcp_links, options.threads, installed["path"] if installed else None,
+                      mlx_envs=rec.mlx_envs, pending=pending, model_source=fetched_from, pending_shape=shape)
+    return dataclasses.replace(request, calibration=calibration_for(rec, model, request.settings))
 
 
 def calibration_for(rec: Recorded, model: Path, settings: FinetuneConfig) -> Mapping[str, Any] | None:

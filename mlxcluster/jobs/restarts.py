@@ -33,13 +33,13 @@ from mlxcluster.launch import runs
 
 
 class Launched(Protocol):
-    """What go_on needs of a plan (mlxcluster/jobs/train.py's Plan): the layout it runs on."""
+    """What run_with_restarts needs of a plan (mlxcluster/jobs/train.py's Plan): the layout it runs on."""
 
     @property
     def cluster(self) -> Cluster: ...
 
 
-Plan = TypeVar("Plan", bound=Launched)
+RunPlan = TypeVar("RunPlan", bound=Launched)  # train.Plan, or a test's stand-in
 
 DEFAULT_MAX_RESTARTS = 3
 
@@ -139,8 +139,8 @@ def restart_line(entry: drained.Drained, left: Cluster, restart: int, policy: Po
             f"restart {restart} of at most {policy.max_restarts}")
 
 
-def go_on(first: Plan, execute: Callable[[Plan], Path], policy: Policy,
-          again: Callable[[Plan, Cluster, Fault, int], Plan]) -> Path:
+def run_with_restarts(first: RunPlan, execute: Callable[[RunPlan], Path], policy: Policy,
+                      again: Callable[[RunPlan, Cluster, Fault, int], RunPlan]) -> Path:
     """`execute` the plan; after a node's fault (a TrainFailed whose fault names it), leave the
     node out and execute the plan `again` makes of the run for the nodes left (restart 1, 2, ...),
     as `policy` allows. Why a run does not go on (past a bound, no layout left, `again`'s

@@ -121,7 +121,7 @@ class Plan:
     tunnel: list[str] | None  # the controller's ssh that forwards the port (None: not needed)
     url: str  # where clients on the controller reach the API
     port: int
-    said: tuple[str, ...]
+    notices: tuple[str, ...]
     marker: str  # what names the server's processes on the launcher
 
 
@@ -167,12 +167,12 @@ def plan(rec: Recorded, options: Options, serve_id: str) -> Plan:
     ranks = f"{cluster.world_size} rank{'s' if cluster.world_size > 1 else ''}"
     how = "tensor-parallel across " + ", ".join(n.name for n in cluster.training_nodes) \
         if what.mode == "tensor" else f"one process on {head.name}"
-    said = (f"base {what.model} ({how}, {ranks}); adapters: {', '.join(r.name for r in what.runs)}",
+    notices = (f"base {what.model} ({how}, {ranks}); adapters: {', '.join(r.name for r in what.runs)}",
             *([f"warning: listening on {options.host}: anyone who reaches {head.name} on port {options.port} "
                "can use the API" + ("" if options.api_key_file else " (no --api-key-file)")]
               if options.host not in LOOPBACK else []))
     return Plan(what.model, what.mode, cluster, steps, builder.command(cluster, job), tunnel,
-                f"http://{reached_at(head, options.host)}:{options.port}/v1", options.port, said, marker)
+                f"http://{reached_at(head, options.host)}:{options.port}/v1", options.port, notices, marker)
 
 
 def code_and_model(rec: Recorded, cluster: Cluster, model: Path) -> tuple[str, list[sync.Step]]:
@@ -232,7 +232,7 @@ def execute(plan: Plan) -> None:
     """Send, start every rank, say where the API is once rank 0 listens, and relay its output until
     Ctrl-C (every rank stopped: Interrupted) or the server stops on its own (ServeFailed)."""
     sync.run_steps(plan.steps)
-    for line in plan.said:
+    for line in plan.notices:
         print(f"==> {line}", flush=True)
     print(f"==> starting the server on {plan.cluster.world_size} rank(s)", flush=True)
     stack = contextlib.ExitStack()
@@ -277,7 +277,7 @@ def serve(rec: Recorded, options: Options) -> None:
     """invoke serve."""
     the_plan = plan(rec, options, runs.new_id())
     if options.dry_run:
-        for line in the_plan.said:
+        for line in the_plan.notices:
             print(f"# {line}")
         sync.run_steps(the_plan.steps, dry_run=True)
         print(f"# launch on {the_plan.cluster.head.name}\n{shlex.join(the_plan.launch)}")

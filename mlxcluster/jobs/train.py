@@ -39,6 +39,7 @@ from mlxcluster.launch import (
 from mlxcluster.launch import settings as run_settings
 from mlxcluster.paths import REPO, RUNS
 from mlxcluster.provision import inputs, preview
+from training.config import FinetuneConfig
 from training.model import quantization
 from training.model.manifest import manifest_sha256
 
@@ -51,6 +52,7 @@ class Plan:
 
     cluster: Cluster
     request: Request
+    settings: FinetuneConfig  # what every rank trains with: the user's, the layout's and the nodes' paths
     run_id: str
     resume: bool
     backend: str  # as launched: mpi, ring, or direct (one rank)
@@ -61,7 +63,11 @@ class Plan:
     shares: batch_shares.Shares | None = None  # None: equal shares, as training does by itself
     notices: tuple[str, ...] = ()  # what the run says of itself before it starts: backend, shares, split
     record: Mapping[str, Any] = field(default_factory=dict)  # run.json's fields known before launch
-    dequantize_ranks: tuple[int, ...] = ()  # the ranks that dequantize a quantized base as they load it
+
+    @property
+    def dequantize_ranks(self) -> tuple[int, ...]:
+        """The ranks that dequantize a quantized base as they load it."""
+        return tuple(quantization.parse_ranks(self.settings.dequantize_ranks))
 
     @property
     def results(self) -> Path:
@@ -107,12 +113,11 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
                    request.pending_shape if "model" in request.pending else None)
     model_config = quantized.model_config(request.model,
                                           request.pending_shape if "model" in request.pending else None)
-    overrides = run_settings.user_flags(request.overrides)
-    overrides += sent.flags  # after the user's settings: the same inputs, at the nodes' paths
-    shared = batch_shares.for_run(cluster, request.config, overrides, request.calibration)
-    dequantizing = quantized.args(cluster, model_config, request.config, overrides)
-    # The shares and the ranks that dequantize go before the user's flags: theirs win.
-    overrides = [*(shared.args if shared else []), *dequantizing, *overrides]
+    shares = batch_shares.for_run(cluster, request.settings, request.calibration)
+    dequantizing = quantized.args(cluster, model_config, request.settings)
+    # The shares and the ranks that dequantize go before the user's flags (theirs win); the inputs
+    # at the nodes' paths after them.
+    overrides = [*(shares.args if shares else []), *dequantizing, *request.overrides, *sent.flags]
     # The ranks' own rules, here: settings they would refuse stop the run before anything is sent.
     settings = run_settings.check(request.config, overrides, cluster.world_size)
     quantized.check(model_config, settings, cluster.world_size)
@@ -126,25 +131,24 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
                      btl_tcp_links=request.btl_tcp_links, threads=request.threads,
                      interactive=request.interactive, mlx_envs=request.mlx_envs)
     notices = [*([f"backend {backend}: {choice.why}"] if choice.why else []),
-               *([shares_line(shared)] if shared else []),
+               *([shares_line(shares)] if shares else []),
                *([base.line] if base else []),
                *([tensor] if (tensor := parallel.line(cluster, request.parallel)) else [])]
     launch = builder.command(cluster, job)
-    return Plan(cluster, request, run_id, resume, backend, steps, launch,
-                sync.pull(cluster.head, run_dir, RUNS / run_id), backend_why=choice.why, shares=shared,
+    return Plan(cluster, request, settings, run_id, resume, backend, steps, launch,
+                sync.pull(cluster.head, run_dir, RUNS / run_id), backend_why=choice.why, shares=shares,
                 notices=tuple(notices),
-                record={**run_record(cluster, request, inventory, backend, choice.why, shared, launch),
+                record={**run_record(cluster, request, inventory, backend, choice.why, shares, launch),
                         **sent.controller_paths, "base_weights": base.per_node if base else None,
-                        "layout_settings": layout_settings(shared, dequantizing)},
-                dequantize_ranks=tuple(quantization.parse_ranks(settings.dequantize_ranks)))
+                        "layout_settings": layout_settings(shares, dequantizing)})
 
 
-def layout_settings(shared: batch_shares.Shares | None, dequantizing: Sequence[str]) -> list[str]:
+def layout_settings(shares: batch_shares.Shares | None, dequantizing: Sequence[str]) -> list[str]:
     """The settings of the run's config.yaml that the layout gave, rank by rank (the inventory's
     batch_share, max_micro_batch and model_dequantize), not the user: a resume, on the same nodes
     or on those a fault left, works them out again (runs.resume_config)."""
-    return [*(["batch_shares"] if shared else []),
-            *(["max_micro_batch"] if shared and any(shared.limits) else []),
+    return [*(["batch_shares"] if shares else []),
+            *(["max_micro_batch"] if shares and any(shares.limits) else []),
             *(["dequantize_ranks"] if dequantizing else [])]
 
 
@@ -163,7 +167,7 @@ def job_inputs(cluster: Cluster, request: Request, run_id: str) -> JobInputs:
     """The code, data, config and model on every node, and the inputs mlx-lm's settings name:
     hf_dataset's folders (instead of the data folder, which mlx-lm then does not read) and the
     resume_adapter_file a new run starts from."""
-    settings = run_settings.read(request.config, run_settings.user_flags(request.overrides))
+    settings = request.settings
     hf = hf_datasets.folders(settings.hf_dataset)
     start = start_adapters.shipment_of(settings.resume_adapter_file) if settings.resume_adapter_file else None
     data, model = shipments(request, data_read=not hf)
@@ -184,7 +188,7 @@ def job_inputs(cluster: Cluster, request: Request, run_id: str) -> JobInputs:
 
 
 def run_record(cluster: Cluster, request: Request, inventory: str, backend: str, why: str,
-               shared: batch_shares.Shares | None, launch: Sequence[str]) -> dict[str, Any]:
+               shares: batch_shares.Shares | None, launch: Sequence[str]) -> dict[str, Any]:
     """run.json as a run starts: what it trains on and how it is launched."""
     return {"inventory": inventory, "model": str(request.model.resolve()),
             # The model's identity, so that a resume with another --model is refused.
@@ -192,9 +196,9 @@ def run_record(cluster: Cluster, request: Request, inventory: str, backend: str,
             "data": str(request.data.resolve()), "world_size": cluster.world_size,
             # As launched (a resume launches the same way); one rank alone runs directly.
             "backend": "mpi" if backend == "direct" else backend, "backend_why": why,
-            "batch_shares": shared.shares if shared else None,
-            "batch_shares_why": shared.why if shared else None,
-            "batch_step_times": [round(t, 3) for t in shared.step_times] if shared else None,
+            "batch_shares": shares.shares if shares else None,
+            "batch_shares_why": shares.why if shares else None,
+            "batch_step_times": [round(t, 3) for t in shares.step_times] if shares else None,
             "parallel": request.parallel, "launch": shlex.join(launch)}
 
 
@@ -258,15 +262,15 @@ def diagnose(plan: Plan, relayed: relay.Relayed, oom_before: Mapping[str, int | 
                            lambda: doctor.red_node_checks(plan.cluster, None))
 
 
-def shares_line(shared: batch_shares.Shares) -> str:
+def shares_line(shares: batch_shares.Shares) -> str:
     """What a run says of its shares: each rank's examples, why, each rank's expected step time
     against the fastest's (1.00 everywhere: exactly proportional), and the micro-batch caps."""
-    line = f"batch shares {','.join(map(str, shared.shares))} ({shared.why})"
-    if shared.step_times:
-        times = ", ".join(f"{t:.2f}" for t in shared.step_times)
+    line = f"batch shares {','.join(map(str, shares.shares))} ({shares.why})"
+    if shares.step_times:
+        times = ", ".join(f"{t:.2f}" for t in shares.step_times)
         line += f"; each rank's part of a step {times}x the fastest's"
-    if any(shared.limits):
-        caps = ", ".join(str(cap) if cap else "no limit" for cap in shared.limits)
+    if any(shares.limits):
+        caps = ", ".join(str(cap) if cap else "no limit" for cap in shares.limits)
         line += f"; at most {caps} examples at once (max_micro_batch)"
     return line
 
@@ -354,9 +358,9 @@ def train(inventory: str, options: Options) -> Path | None:
         show(the_plan, [*notes, *pending_notes(request), *older])
         return None
     preflight(the_plan)
-    return restarts.go_on(the_plan, execute, policy,
-                          lambda current, left, fault, restart: restarted(rec, current, left, fault, options,
-                                                                          policy, restart))
+    return restarts.run_with_restarts(
+        the_plan, execute, policy,
+        lambda current, left, fault, restart: restarted(rec, current, left, fault, options, policy, restart))
 
 
 def preflight(the_plan: Plan) -> None:

@@ -13,7 +13,7 @@ batch_shares itself (or a resumed run's, which recorded them) is left as it is.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,6 @@ from typing import Any
 from mlxcluster.describe.cluster import Cluster, Node
 from mlxcluster.describe.inventory import AUTO
 from mlxcluster.errors import UserError
-from mlxcluster.launch import settings as run_settings
 from training.config import FinetuneConfig
 from training.data import shares
 from training.model.manifest import manifest_sha256
@@ -114,19 +113,18 @@ def calibrated_weights(cluster: Cluster, calibration: Mapping[str, Any] | None) 
                         for name in dict.fromkeys(n.name for n in ranks)) + ")")
 
 
-def asked(cluster: Cluster) -> bool:
+def inventory_sets_shares(cluster: Cluster) -> bool:
     """Whether any node that trains sets a batch_share or a max_micro_batch."""
     return any(n.batch_share is not None or n.max_micro_batch for n in cluster.training_nodes)
 
 
-def for_run(cluster: Cluster, config: Path | None, overrides: Sequence[str],
+def for_run(cluster: Cluster, settings: FinetuneConfig,
             calibration: Mapping[str, Any] | None) -> Shares | None:
-    """The shares to give the ranks of a run with this config file and flags (None: no node asks
+    """The shares to give the ranks of a run with these settings (None: no node asks
     for any, the config sets them itself, or every rank gets an equal share and no cap, which is
     what training does by itself)."""
-    if not asked(cluster):
+    if not inventory_sets_shares(cluster):
         return None
-    settings = run_settings.read(config, overrides)
     if settings.batch_shares or settings.parallel == "tensor":  # tensor: all ranks take the whole batch
         return None
     ranks = _ranks(cluster)

@@ -15,14 +15,13 @@ the ranks apply too).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mlxcluster.describe.cluster import Cluster
 from mlxcluster.errors import UserError
-from mlxcluster.launch import settings as run_settings
 from mlxcluster.provision import model_store
 from training.config import FinetuneConfig
 from training.model import quantization
@@ -42,15 +41,13 @@ def asked_ranks(cluster: Cluster) -> list[int]:
     return [rank for rank, name in enumerate(cluster.rank_nodes()) if cluster.node(name).model_dequantize]
 
 
-def args(
-    cluster: Cluster, config: Mapping[str, Any] | None, settings_file: Path | None, flags: Sequence[str]
-) -> list[str]:
+def args(cluster: Cluster, config: Mapping[str, Any] | None, settings: FinetuneConfig) -> list[str]:
     """The flag every rank gets (before the user's own, which win): the ranks that dequantize, when a
     node asks and the model is known to be quantized; none when the settings name the ranks."""
     ranks = asked_ranks(cluster)
     if not ranks or config is None or not quantization.is_quantized(config):
         return []
-    if run_settings.read(settings_file, flags).dequantize_ranks is not None:
+    if settings.dequantize_ranks is not None:
         return []
     return ["--dequantize-ranks", ",".join(map(str, ranks))]
 

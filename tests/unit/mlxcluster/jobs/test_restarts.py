@@ -99,7 +99,7 @@ def test_a_run_restarts_within_its_bounds(policy, restarts, left, refusal):
 
 
 class Run:
-    """A plan as go_on sees it: the layout it runs on."""
+    """A plan as run_with_restarts sees it: the layout it runs on."""
 
     def __init__(self, cluster: Cluster):
         self.cluster = cluster
@@ -127,7 +127,7 @@ def test_go_on_restarts_without_each_node_that_fails_until_the_run_ends():
         said.append((fault.node, restart))
         return Run(left)
 
-    assert restarts.go_on(Run(four()), execute, Policy(), again) == Path("runs/x")
+    assert restarts.run_with_restarts(Run(four()), execute, Policy(), again) == Path("runs/x")
     assert given == [["node1", "node2", "node3", "node4"], ["node1", "node2", "node4"], ["node2", "node4"]]
     assert said == [("node3", 1), ("node1", 2)]
 
@@ -136,19 +136,20 @@ def test_go_on_stops_with_the_reason_said_after_the_failure():
     # The run's own failure (no node to blame) is raised as it is.
     execute, _ = failing(Fault("rank 0: error: bad data"))
     with pytest.raises(TrainFailed, match=r"bad data; what arrived is in runs/x$"):
-        restarts.go_on(Run(four()), execute, Policy(), lambda *_: pytest.fail("restarted"))
+        restarts.run_with_restarts(Run(four()), execute, Policy(), lambda *_: pytest.fail("restarted"))
     # Past a bound, and where the plan for the nodes left cannot be made.
     execute, _ = failing(Fault("killed", KILLED, "node3"))
     with pytest.raises(TrainFailed, match=r"killed; not restarted without node3: restarts are off "
                                           r"\(--max-restarts 0\); what arrived is in runs/x$"):
-        restarts.go_on(Run(four()), execute, Policy(max_restarts=0), lambda *_: pytest.fail("restarted"))
+        restarts.run_with_restarts(Run(four()), execute, Policy(max_restarts=0),
+                                   lambda *_: pytest.fail("restarted"))
 
     def cannot(*_):
         raise UserError("the model's 9 heads do not divide among 3 ranks")
 
     execute, _ = failing(Fault("killed", KILLED, "node3"))
     with pytest.raises(TrainFailed, match="not restarted without node3: the model's 9 heads do not divide"):
-        restarts.go_on(Run(four()), execute, Policy(), cannot)
+        restarts.run_with_restarts(Run(four()), execute, Policy(), cannot)
 
 
 def test_bounds_that_make_no_sense_are_refused():

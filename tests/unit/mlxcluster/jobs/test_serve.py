@@ -59,7 +59,7 @@ def test_a_tensor_parallel_run_is_served_sharded_on_every_node_through_a_tunnel(
     assert shlex.join(the_plan.tunnel or []).endswith(
         "-N -o ExitOnForwardFailure=yes -L 127.0.0.1:8080:127.0.0.1:8080 root@10.77.5.11")
     assert the_plan.url == "http://127.0.0.1:8080/v1"
-    assert "tensor-parallel across node1, node2, 2 ranks" in the_plan.said[0]
+    assert "tensor-parallel across node1, node2, 2 ranks" in the_plan.notices[0]
     assert the_plan.marker == "serve-20261125-1"
 
 
@@ -68,7 +68,7 @@ def test_a_data_parallel_run_is_served_by_one_process_on_the_launcher(tmp_path: 
     the_plan = plan(run(tmp_path, "20261125-103", model, "data"), port=9000)
     assert the_plan.cluster.world_size == 1 and the_plan.cluster.head.name == "node1"
     assert "mpirun" not in the_plan.launch[-1] and "--expected-world-size 1" in the_plan.launch[-1]
-    assert "one process on node1" in the_plan.said[0]
+    assert "one process on node1" in the_plan.notices[0]
     assert the_plan.url == "http://127.0.0.1:9000/v1"
     # Asked for, the same run is served sharded.
     assert plan(run(tmp_path, "20261125-104", model, "data"), parallel="tensor").cluster.world_size == 2
@@ -80,7 +80,7 @@ def test_listening_on_a_network_is_warned_about_and_needs_no_tunnel(tmp_path: Pa
     the_plan = plan(run(tmp_path, "20261125-105", fake_inputs.model("/m/tiny")), host="0.0.0.0",
                     api_key_file=str(key))
     assert the_plan.tunnel is None and the_plan.url == "http://10.77.5.11:8080/v1"
-    assert any(line.startswith("warning: listening on 0.0.0.0") for line in the_plan.said)
+    assert any(line.startswith("warning: listening on 0.0.0.0") for line in the_plan.notices)
     assert "--api-key-file /opt/mlx-cluster/work/serve-20261125-1/key" in the_plan.launch[-1]
     assert [label for label, _ in the_plan.steps if "API key" in label] == ["send the API key to node1"]
 

@@ -70,6 +70,21 @@ def test_plan_syncs_code_and_data_everywhere_and_fans_the_model_out_over_the_lin
                          "/opt/mlx-cluster/runs/r1 --expected-world-size 2 --iters 5")
 
 
+def test_a_plan_reads_the_settings_twice_the_user_s_then_the_ranks_and_carries_them(monkeypatch):
+    from mlxcluster.launch import settings as run_settings
+
+    reads = []
+    real_read = run_settings.read
+    monkeypatch.setattr(run_settings, "read", lambda config, flags: reads.append(list(flags))
+                        or real_read(config, flags))
+    the_plan = plan(Cluster.from_json(lab_layout()), overrides=("--iters", "5", "--batch-size", "2"))
+    # Once as the user gave them (shares, dequantizing and the inputs are worked out from these),
+    # once as every rank will read them: the user's flags, then the nodes' paths.
+    assert reads == [["--iters", "5", "--batch-size", "2"], ["--iters", "5", "--batch-size", "2"]]
+    assert (the_plan.settings.iters, the_plan.settings.batch_size) == (5, 2)
+    assert the_plan.request.settings is the_plan.request.settings  # resolved once, then carried
+
+
 def test_ring_backend_uses_mlx_launch_and_the_rendered_hosts_json():
     line = plan(Cluster.from_json(lab_layout()), config="/c/my.yaml", backend="ring").launch[-1]
     assert "/opt/mlx-cluster/venv/bin/mlx.launch --backend ring --hostfile " \
@@ -330,7 +345,7 @@ def test_a_dry_run_before_the_default_model_is_fetched_knows_how_far_it_shards(t
     def pending_plan(nodes: int) -> training.Plan:
         cluster = Cluster.from_json(layout).first_nodes(nodes)
         request = Request(fake_inputs.dataset("/d/p"), tmp_path / "not-fetched-yet", None,
-                          ("--parallel", "tensor"), None, interactive=False, parallel="tensor",
+                          ("--parallel", "tensor"), None, interactive=False,
                           pending=frozenset({"model"}))
         return training.plan(cluster, request, run_id="r1")
 
