@@ -220,6 +220,13 @@ class Task(InvokeTask):
             kwargs["help"] = flags.help
         super().__init__(body, **kwargs)
 
+    def arg_opts(self, name: str, default: str, taken_names: set[str]) -> dict[str, Any]:
+        """invoke's options of a flag, without a short flag that is no letter: invoke gives a flag
+        whose letters are all taken the next character of its name, a dash (`--=STRING` in the help)."""
+        opts = super().arg_opts(name, default, taken_names)
+        opts["names"] = [opts["names"][0], *(short for short in opts["names"][1:] if short.isalnum())]
+        return opts
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
             return super().__call__(*args, **self.flags.read(kwargs))

@@ -103,3 +103,11 @@ def test_data_prepare_names_every_input_format_it_reads():
     said = tasks.ns["data.prepare"].flags.help["input"]  # (invoke's task.help empties as it parses)
     assert [f for f in FORMAT_KEYS if f not in said] == [], said
     assert len(FORMAT_KEYS) == 5  # chat, completions, alpaca, dolly, text: training/data/formats.py
+
+
+@pytest.mark.parametrize(("name", "task"), every_task(), ids=[name for name, _ in every_task()])
+def test_every_short_flag_is_a_letter_or_none(name: str, task: flags.Task):
+    """invoke gives a flag whose letters are all taken the dash in its name (`--=STRING, --min-nodes`
+    in the help): a Task keeps letters only."""
+    for argument in task.get_arguments():
+        assert all(len(n) > 1 or n.isalnum() for n in argument.names), (name, argument.names)
