@@ -17,7 +17,6 @@ from typing import Any
 
 from mlxcluster.describe.cluster import Cluster
 from mlxcluster.errors import UserError
-from training.sharding.tensor_parallel import shard_problems
 
 MODES = ("data", "tensor")
 
@@ -37,6 +36,10 @@ def problems(cluster: Cluster, model: Path, mode: str, shape: Mapping[str, Any] 
     model not on the controller yet (a hub id) is checked by the nodes."""
     if mode != "tensor":
         return []
+    # The sharding rules are mlx-lm's (each model's shard()): mlx, mlx-lm and transformers, seconds
+    # to import, only for a tensor-parallel run, not for every invoke command that imports this.
+    from training.sharding.tensor_parallel import shard_problems
+
     ranks = cluster.world_size
     if ranks < 2:
         return ["--parallel tensor splits the model across ranks, and this cluster trains on 1: add "

@@ -38,6 +38,14 @@ TEST_LAB_ID = int(os.environ.get("MLX_TEST_LAB_ID", "5"))
 #   (`provisioned`), and test_train.py stops node2 for good last;
 # - test_train_links.py cables the session's nodes in a ring.
 # Each module run alone (`invoke test -k`) provisions what it needs itself.
+# The roles whose molecule scenario (roles/<role>/molecule/default) site.yml covers on the session's
+# nodes: test_site.py runs each one's checks (its verify.yml) on the nodes site.yml converged, and
+# test_molecule.py leaves these scenarios to MLX_MOLECULE=all. Each would bring up two or three
+# more lab hosts and install them again, the venv with MLX twice: a third of CI's time for checks
+# that hold as well on the session's nodes. The ones left cover what site.yml here does not: the
+# macOS branches, per-cable links, and apt_packages alone.
+SITE_VERIFIED = ("thunderbolt", "ssh_mesh", "openmpi", "python_env", "model", "hostfile")
+
 LAB_ORDER = ("test_site.py", "test_restarts.py", "test_docs.py", "test_run_job.py", "test_train.py",
              "test_train_links.py")
 
@@ -119,6 +127,13 @@ class LabCluster:
         if self.model:
             cmd += ["-e", f"cluster_model={self.model}"]
         cmd += list(args)
+        proc = subprocess.run(cmd, cwd=REPO, env=self.env(), capture_output=True, text=True)
+        return PlaybookRun.of(proc)
+
+    def verify(self, role: str, **extra_vars: str) -> PlaybookRun:
+        """The role's molecule checks (its default scenario's verify.yml) on these nodes."""
+        cmd = ansible.ansible_playbook(str(REPO / "roles" / role / "molecule" / "default" / "verify.yml"),
+                                       self.inventory, extra_vars=extra_vars)
         proc = subprocess.run(cmd, cwd=REPO, env=self.env(), capture_output=True, text=True)
         return PlaybookRun.of(proc)
 

@@ -5,10 +5,12 @@ Each role has its `default` scenario; a role with variants has one more per vari
 (molecule/shared/create.yml), prepare, converge, a second converge that must change nothing, the
 scenario's checks (verify.yml), and the lab taken down again (molecule/shared/destroy.yml).
 
-The scenarios run two at a time, each on a lab of its own (the two numbers after the test lab's):
-a scenario is mostly ansible waiting on its hosts, so two share this machine's cores well, and
-`invoke test` runs this module in a pytest session of its own beside the other lab tests, whose lab
-is the test lab (mlxcluster/devtools.py).
+CI runs the scenarios whose checks site.yml's nodes cannot hold (SITE_VERIFIED in conftest.py: the
+others' verify.yml runs in test_site.py on the session's nodes); MLX_MOLECULE=all runs every one,
+as for work on a role. The scenarios run two at a time, each on a lab of its own (the two numbers
+after the test lab's): a scenario is mostly ansible waiting on its hosts, so two share this
+machine's cores well, and `invoke test` runs this module in a pytest session of its own beside the
+other lab tests, whose lab is the test lab (mlxcluster/devtools.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from mlxcluster.lab import cache, hosts
+from tests.cluster.conftest import SITE_VERIFIED
 
 pytestmark = pytest.mark.cluster
 
@@ -42,6 +45,16 @@ def scenarios() -> list[tuple[str, str]]:
     found = sorted((p.parts[-4], p.parts[-2]) for p in (REPO / "roles").glob("*/molecule/*/molecule.yml"))
     order = {role: i for i, role in enumerate(ROLES)}
     return sorted(found, key=lambda rs: (order.get(rs[0], len(ROLES)), rs[0], rs[1] != "default", rs[1]))
+
+
+def selected() -> list[tuple[str, str]]:
+    """The scenarios this run tests: every one with MLX_MOLECULE=all, else those site.yml's nodes
+    do not cover."""
+    every = scenarios()
+    if os.environ.get("MLX_MOLECULE") == "all":
+        return every
+    return [(role, scenario) for role, scenario in every
+            if not (scenario == "default" and role in SITE_VERIFIED)]
 
 
 def run_scenario(role: str, scenario: str, labs: queue.Queue[int]) -> subprocess.CompletedProcess:
@@ -74,7 +87,7 @@ def scenario_runs() -> Iterator[dict[tuple[str, str], Future[subprocess.Complete
     for lab in LAB_IDS:
         labs.put(lab)
     with ThreadPoolExecutor(max_workers=len(LAB_IDS)) as pool:
-        runs = {rs: pool.submit(run_scenario, *rs, labs) for rs in scenarios()}
+        runs = {rs: pool.submit(run_scenario, *rs, labs) for rs in selected()}
         try:
             yield runs
         finally:
@@ -92,6 +105,14 @@ def test_every_role_has_a_scenario() -> None:
     assert folders == [f"roles/{role}/molecule/{scenario}" for role, scenario in sorted(scenarios())]
 
 
+def test_ci_leaves_out_only_the_scenarios_whose_checks_run_on_the_site_nodes(monkeypatch) -> None:
+    left_out = set(scenarios()) - set(selected())
+    assert left_out == {(role, "default") for role in SITE_VERIFIED}
+    assert {role for role, _ in selected()} >= {"macos", "apt_packages", "thunderbolt"}
+    monkeypatch.setenv("MLX_MOLECULE", "all")
+    assert selected() == scenarios()
+
+
 def test_molecule_finds_the_shared_base_config_from_a_role() -> None:
     # Each molecule.yml holds only what differs from .config/molecule/config.yml, which
     # molecule looks up from its working directory (the role's) at the repository root.
@@ -102,7 +123,7 @@ def test_molecule_finds_the_shared_base_config_from_a_role() -> None:
     assert proc.stdout.strip() == str(REPO / ".config/molecule/config.yml"), proc.stderr
 
 
-@pytest.mark.parametrize(("role", "scenario"), [pytest.param(*rs, id="-".join(rs)) for rs in scenarios()])
+@pytest.mark.parametrize(("role", "scenario"), [pytest.param(*rs, id="-".join(rs)) for rs in selected()])
 def test_molecule_scenario_passes(role: str, scenario: str, scenario_runs) -> None:
     proc = scenario_runs[role, scenario].result()
     output = proc.stdout + proc.stderr

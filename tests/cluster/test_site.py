@@ -24,6 +24,7 @@ import testinfra
 import yaml
 
 from mlxcluster.lab import hosts, limits
+from tests.cluster.conftest import SITE_VERIFIED
 
 pytestmark = pytest.mark.cluster
 
@@ -199,6 +200,19 @@ def test_ssh_between_nodes_by_every_name_needs_no_password_and_no_prompt(lab_clu
         assert probe.stdout.strip() == "node3"
     effective = lab_cluster.ssh(1, f"ssh -G {lab_obj.tb_ip(3)}").stdout.lower().splitlines()
     assert "stricthostkeychecking ask" in effective or "stricthostkeychecking true" in effective
+
+
+@pytest.mark.parametrize("role", SITE_VERIFIED)
+def test_each_role_s_molecule_checks_hold_on_the_nodes_site_yml_converged(lab_cluster, role):
+    # Where the scenario's own paths would be: its model (molecule-tiny) and its build folder.
+    extra = {"model": {"__verify_cache": str(REPO / "models" / lab_cluster.model.name),
+                       "__verify_copy": f"{CLUSTER_ROOT}/models/{lab_cluster.model.name}"},
+             "hostfile": {"__verify_build_dir": str(layout_path(lab_cluster).parent)}}.get(role, {})
+    run = lab_cluster.verify(role, **extra)
+    assert run.returncode == 0, json.dumps(run.failures, indent=1) + run.stderr[-2000:]
+    assert run.changed == {}
+    nodes = {host for host in run.stats if host != "localhost"}
+    assert nodes == {"node1", "node2", "node3"}, run.stats
 
 
 def test_mpirun_on_the_launcher_reaches_every_node_over_the_thunderbolt_link(lab_cluster):

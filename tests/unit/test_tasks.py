@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ast
 import inspect
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -111,3 +113,13 @@ def test_every_short_flag_is_a_letter_or_none(name: str, task: flags.Task):
     in the help): a Task keeps letters only."""
     for argument in task.get_arguments():
         assert all(len(n) > 1 or n.isalnum() for n in argument.names), (name, argument.names)
+
+
+def test_the_tasks_load_without_mlx_lm_transformers_or_the_trackers():
+    """Every invoke command imports tasks.py: mlx-lm, transformers, wandb and swanlab took 5 s of
+    each one's start (doctor, a dry run, run), for rules only a tensor-parallel plan needs."""
+    probe = ("import sys, tasks; print(' '.join(sorted({m.split('.')[0] for m in sys.modules} "
+             "& {'mlx_lm', 'transformers', 'wandb', 'swanlab', 'torch'})))")
+    loaded = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True,
+                            check=True)
+    assert loaded.stdout.split() == []
