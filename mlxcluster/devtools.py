@@ -38,11 +38,19 @@ class Session:
     name: str
     args: tuple[str, ...]
     nice: int = 0
+    env: tuple[tuple[str, str], ...] = ()  # set for this session alone
+
+
+# The unit tests check the maths of our training against mlx-lm's, each side in this one process
+# environment, so they train uncompiled: MLX's CPU backend compiles every fused kernel with g++ on
+# first use, and on CI's fresh machine that was well over half the CPU of a training test (three
+# of them: 102 s compiling, 42.5 s not). The lab's nodes train compiled, as a real node does.
+UNCOMPILED = (("MLX_DISABLE_COMPILE", "1"),)
 
 
 SESSIONS = (
     Session("lab", ("tests/cluster", "tests/contract", f"--ignore={MOLECULE}")),
-    Session("unit", ("tests/unit",), nice=10),
+    Session("unit", ("tests/unit",), nice=10, env=UNCOMPILED),
     Session("molecule", (MOLECULE,), nice=5),
 )
 
@@ -62,7 +70,7 @@ def test(*, unit: bool = False, k: str | None = None) -> None:
     """pytest: the unit tests alone, or every session side by side (the lab tests need root, and a
     filled cache that lab hosts install from)."""
     if unit:
-        local.run(pytest_command(SESSIONS[1], k))
+        local.run(pytest_command(SESSIONS[1], k), env=dict(SESSIONS[1].env))
         return
     if os.geteuid() == 0:
         cache.prepare_offline_cache()
@@ -82,7 +90,8 @@ def run_side_by_side(sessions: Sequence[Session], k: str | None) -> list[str]:
         log = LOGS / f"{session.name}.log"
         with log.open("w") as out:  # the child holds its own copy of the file
             background[session] = subprocess.Popen(
-                ["nice", "-n", str(session.nice), *pytest_command(session, k)], cwd=paths.REPO, env=env,
+                ["nice", "-n", str(session.nice), *pytest_command(session, k)], cwd=paths.REPO,
+                env={**env, **dict(session.env)},
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
         first = subprocess.run(pytest_command(sessions[0], k), cwd=paths.REPO, env=env).returncode

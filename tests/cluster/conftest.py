@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -131,10 +132,16 @@ class LabCluster:
         return PlaybookRun.of(proc)
 
     def verify(self, role: str, **extra_vars: str) -> PlaybookRun:
-        """The role's molecule checks (its default scenario's verify.yml) on these nodes."""
-        cmd = ansible.ansible_playbook(str(REPO / "roles" / role / "molecule" / "default" / "verify.yml"),
-                                       self.inventory, extra_vars=extra_vars)
-        proc = subprocess.run(cmd, cwd=REPO, env=self.env(), capture_output=True, text=True)
+        """The role's molecule checks (its default scenario's verify.yml) on these nodes, with the
+        shipped defaults as molecule gives them: playbooks/group_vars beside the inventory (the
+        lab's settings, its `cluster` group's vars, still win over them)."""
+        with tempfile.TemporaryDirectory() as folder:
+            inventory = Path(folder) / self.inventory.name
+            inventory.symlink_to(self.inventory)
+            (Path(folder) / "group_vars").symlink_to(REPO / "playbooks" / "group_vars")
+            verify = REPO / "roles" / role / "molecule" / "default" / "verify.yml"
+            cmd = ansible.ansible_playbook(str(verify), inventory, extra_vars=extra_vars)
+            proc = subprocess.run(cmd, cwd=REPO, env=self.env(), capture_output=True, text=True)
         return PlaybookRun.of(proc)
 
     def ssh(self, node: int, command: str, timeout: float = 120) -> subprocess.CompletedProcess:
