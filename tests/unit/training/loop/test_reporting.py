@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -27,27 +28,17 @@ REPO = Path(__file__).resolve().parents[4]
 SETTINGS = {"iters": 200, "learning_rate": 1e-4, "adapter_path": Path("runs/demo/adapters")}
 
 
-def wandb_history(log_dir: Path) -> tuple[Any, dict[int, dict[str, Any]]]:
+def wandb_history(log_dir: Path, wait: float = 60) -> tuple[Any, dict[int, dict[str, Any]]]:
     """The run record and the logged rows by step of the one offline wandb run under log_dir.
 
-    A run-*.wandb file is a LevelDB log (32 KiB blocks of records, each with a 7-byte header) of
-    wandb's protobuf records, after a 7-byte file header; wandb 0.31 has no Python reader of it."""
-    from wandb.proto import wandb_internal_pb2
-
-    (path,) = log_dir.glob("wandb/offline-run-*/run-*.wandb")
-    data = path.read_bytes()
-    assert data[:7] == b":W&B" + struct.pack("<HB", 0xBEE1, 0)
-    records, pending, position = [], b"", 7
-    while position + 7 <= len(data):
-        if (left := 32768 - position % 32768) < 7:  # a block's tail too short for a header is padding
-            position += left
-            continue
-        _checksum, length, kind = struct.unpack("<IHB", data[position : position + 7])
-        pending += data[position + 7 : position + 7 + length]
-        position += 7 + length
-        if kind in (1, 4):  # a whole record, or the last piece of one
-            records.append(wandb_internal_pb2.Record.FromString(pending))
-            pending = b""
+    wandb-core writes the file in a process of its own, after wandb.finish has returned: on a
+    loaded machine its records came seconds later (CI read a file without even the run's), so the
+    file is read again until it holds the run's end (its exit record), for at most `wait` seconds."""
+    deadline = time.monotonic() + wait
+    records = wandb_records(log_dir)
+    while not any(record.HasField("exit") for record in records) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        records = wandb_records(log_dir)
     (run,) = [record.run for record in records if record.HasField("run")]
     rows = {
         record.history.step.num: {
@@ -57,6 +48,35 @@ def wandb_history(log_dir: Path) -> tuple[Any, dict[int, dict[str, Any]]]:
         if record.HasField("history")
     }
     return run, rows
+
+
+def wandb_records(log_dir: Path) -> list[Any]:
+    """The records of the one offline wandb run under log_dir, as far as they are written.
+
+    A run-*.wandb file is a LevelDB log (32 KiB blocks of records, each with a 7-byte header) of
+    wandb's protobuf records, after a 7-byte file header; wandb 0.31 has no Python reader of it."""
+    from wandb.proto import wandb_internal_pb2
+
+    files = list(log_dir.glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(files) <= 1, files
+    data = files[0].read_bytes() if files else b""
+    if len(data) < 7:  # not begun yet
+        return []
+    assert data[:7] == b":W&B" + struct.pack("<HB", 0xBEE1, 0)
+    records, pending, position = [], b"", 7
+    while position + 7 <= len(data):
+        if (left := 32768 - position % 32768) < 7:  # a block's tail too short for a header is padding
+            position += left
+            continue
+        _checksum, length, kind = struct.unpack("<IHB", data[position : position + 7])
+        if position + 7 + length > len(data):  # a record still being written
+            break
+        pending += data[position + 7 : position + 7 + length]
+        position += 7 + length
+        if kind in (1, 4):  # a whole record, or the last piece of one
+            records.append(wandb_internal_pb2.Record.FromString(pending))
+            pending = b""
+    return records
 
 
 def swanlab_scalars(log_dir: Path) -> dict[tuple[str, int], float]:
