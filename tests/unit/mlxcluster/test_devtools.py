@@ -1,6 +1,6 @@
-"""invoke test's sessions side by side (mlxcluster/devtools.py), run for real on small suites of
-their own: a session that fails anywhere fails the whole, whichever of them shows its output as it
-runs, and each session's output is in the run's output; together the sessions hold every test."""
+"""invoke test's sessions one after another (mlxcluster/devtools.py), run for real on small suites
+of their own: a session that fails fails the whole, whichever it is, the next ones still run, and
+each session's output is in the run's output; together the sessions hold every test."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from mlxcluster import devtools
 
 PASSES = "def test_passes():\n    pass\n"
-FAILS = "def test_fails():\n    assert 1 == 2, 'the failure a background session had'\n"
+FAILS = "def test_fails():\n    assert 1 == 2, 'the failure the second session had'\n"
 
 
 def sessions(tmp_path: Path, first: str, second: str) -> tuple[devtools.Session, ...]:
@@ -21,27 +21,25 @@ def sessions(tmp_path: Path, first: str, second: str) -> tuple[devtools.Session,
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     common = ("-p", "no:cacheprovider", f"--rootdir={tmp_path}", "-c", str(tmp_path / "pytest.ini"))
     return (devtools.Session("first", (str(tmp_path / "test_first.py"), *common)),
-            devtools.Session("second", (str(tmp_path / "test_second.py"), *common), nice=5))
+            devtools.Session("second", (str(tmp_path / "test_second.py"), *common)))
 
 
 @pytest.mark.parametrize("first, second, failed", [(PASSES, FAILS, ["second"]), (FAILS, PASSES, ["first"]),
                                                    (PASSES, PASSES, [])],
-                         ids=["background-fails", "first-fails", "both-pass"])
+                         ids=["second-fails", "first-fails", "both-pass"])
 def test_a_session_that_fails_fails_the_whole_wherever_it_ran(tmp_path, monkeypatch, capfd, first, second,
                                                               failed):
-    monkeypatch.setattr(devtools, "LOGS", tmp_path / "logs")
-    assert devtools.run_side_by_side(sessions(tmp_path, first, second), None) == failed
+    assert devtools.run_sessions(sessions(tmp_path, first, second), None) == failed
     out = capfd.readouterr().out
-    # The background session's whole output follows the first's.
+    # The second session ran, after the first, whether the first failed or not.
     assert "===== the second tests' output" in out and "test_second.py" in out
     if failed == ["second"]:
-        assert "the failure a background session had" in out
+        assert "the failure the second session had" in out
 
 
-def test_a_k_that_selects_nothing_anywhere_is_a_failure(tmp_path, monkeypatch):
-    monkeypatch.setattr(devtools, "LOGS", tmp_path / "logs")
-    assert devtools.run_side_by_side(sessions(tmp_path, PASSES, PASSES), "passes") == []  # both ran
-    assert devtools.run_side_by_side(sessions(tmp_path, PASSES, PASSES), "nothing_by_this_name") != []
+def test_a_k_that_selects_nothing_anywhere_is_a_failure(tmp_path):
+    assert devtools.run_sessions(sessions(tmp_path, PASSES, PASSES), "passes") == []  # both ran
+    assert devtools.run_sessions(sessions(tmp_path, PASSES, PASSES), "nothing_by_this_name") != []
 
 
 def test_the_sessions_together_hold_every_test_once():
