@@ -140,7 +140,9 @@ def request_for(rec: Recorded, options: Options, *, fetch: bool) -> Request:
     request = Request(data, model, config, overrides, options.backend, flags.interface(options.interface),
                       options.btl_tcp_links, options.threads, installed["path"] if installed else None,
                       mlx_envs=rec.mlx_envs, pending=pending, model_source=fetched_from, pending_shape=shape)
-    return dataclasses.replace(request, calibration=calibration_for(rec, model, request.settings))
+    calibrated = dataclasses.replace(request, calibration=calibration_for(rec, model, request.settings))
+    calibrated.__dict__["settings"] = request.settings  # the same config and flags: read once, carried
+    return calibrated
 
 
 def calibration_for(rec: Recorded, model: Path, settings: FinetuneConfig) -> Mapping[str, Any] | None:
