@@ -8,9 +8,9 @@ scenario's checks (verify.yml), and the lab taken down again (molecule/shared/de
 CI runs the scenarios whose checks site.yml's nodes cannot hold (SITE_VERIFIED in conftest.py: the
 others' verify.yml runs in test_site.py on the session's nodes); MLX_MOLECULE=all runs every one,
 as for work on a role. The scenarios run two at a time, each on a lab of its own (the two numbers
-after the test lab's): a scenario is mostly ansible waiting on its hosts, so two share this
-machine's cores well, and `invoke test` runs this module in a pytest session of its own beside the
-other lab tests, whose lab is the test lab (mlxcluster/devtools.py).
+after the test lab's, so that a lab left up by the other lab tests is never met): a scenario is
+mostly ansible waiting on its hosts, so two share this machine's cores well. `invoke test` runs this
+module in a pytest session of its own, after the other lab tests (mlxcluster/devtools.py).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 ROLES = ["thunderbolt", "ssh_mesh", "openmpi", "python_env", "model", "hostfile", "macos", "apt_packages"]
 # The two lab numbers after the one the other cluster tests use (see conftest.py): each scenario
-# brings one up and takes it down while those tests hold theirs. (The contract tests' is 3.)
+# brings one up and takes it down again, never meeting theirs. (The contract tests' is 3.)
 LAB_ID = int(os.environ.get("MLX_TEST_LAB_ID", "5"))
 LAB_IDS = ((LAB_ID + 1) % 10, (LAB_ID + 2) % 10)
 
