@@ -1,10 +1,10 @@
 """The project's own checks, behind `invoke lint` and `invoke test`.
 
-`invoke test` runs the suite as three pytest sessions one after another (`SESSIONS`): the lab
-tests, the unit tests and the molecule scenarios, each with its slowest tests at its end. They were
-run side by side to fill the lab's waits, and that was slower on CI's two cores: 70 and 80 minutes
-against 50 one after another, the lab's first site.yml run 449 s against 69 (a lab host's work is
-many short processes, ansible's and its own, that wait behind every other session's).
+`invoke test` runs the suite as one pytest session on every core (`SESSIONS`), the labs side by
+side, and ends with its slowest tests. Three sessions one after another took 79 minutes of CI, the
+lab tests 53 of them, a third of the two cores idle; the sessions side by side, each on its own,
+were slower still (70 and 80 minutes against 50 at the time): the unit tests and a lab's ansible
+fought for the cores without order. One session hands each worker a whole lab, or unit tests.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ RUFF_TARGETS = ("tasks.py", "bench_tasks.py", "mlxcluster", "training", "tests",
 # The slowest tests in the output of every session, CI's included: where its time goes is in its
 # log (docs/tests.md keeps the table).
 DURATIONS = ("--durations=25", "--durations-min=5")
-MOLECULE = "tests/cluster/test_molecule.py"
 # pytest's exit code when -k selected nothing in a session: the others may hold the tests.
 NO_TESTS = 5
 
@@ -43,11 +42,15 @@ class Session:
 UNCOMPILED = (("MLX_DISABLE_COMPILE", "1"),)
 
 
-SESSIONS = (
-    Session("lab", ("tests/cluster", "tests/contract", f"--ignore={MOLECULE}")),
-    Session("unit", ("tests/unit",), env=UNCOMPILED),
-    Session("molecule", (MOLECULE,)),
-)
+# Every core, the lab tests' groups side by side (pytest-xdist's loadgroup): each lab's tests stay
+# together, in their order, on one worker (the xdist_group marks of tests/cluster/conftest.py and
+# tests/contract/conftest.py: the cluster lab, the training lab, the stand-in Macs, the molecule
+# scenarios), and the unit tests go to whichever worker is free. One after another, the lab tests
+# left a third of two cores idle, waiting on ansible, sshd and ranks, and took 53 minutes of CI's 79.
+EVERY_CORE = ("--numprocesses=auto", "--dist=loadgroup")
+
+SESSIONS = (Session("every", ("tests/cluster", "tests/contract", "tests/unit", *EVERY_CORE), env=UNCOMPILED),)
+UNIT = Session("unit", ("tests/unit", *EVERY_CORE), env=UNCOMPILED)
 
 
 def lint() -> None:
@@ -66,7 +69,7 @@ def test(*, unit: bool = False, k: str | None = None) -> None:
     that lab hosts install from)."""
     if not unit and os.geteuid() == 0:
         cache.prepare_offline_cache()
-    failed = run_sessions(SESSIONS[1:2] if unit else SESSIONS, k)
+    failed = run_sessions((UNIT,) if unit else SESSIONS, k)
     if failed:
         raise local.CommandFailed(f"invoke test: the {', '.join(failed)} tests failed (output above)")
 

@@ -78,3 +78,4 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
         report.outcome = "failed"
         report.longrepr = (f"{collector.nodeid}: skipped whole for a missing dependency ({_reason(report)}): "
                            "run bin/setup (MLX_LAB_REQUIRED=0 allows it)")
+

@@ -334,7 +334,7 @@ def execute(plan: Plan) -> Path:
 def launch_run(cluster: Cluster, request: Request, inventory: str, *, run_id: str | None = None,
                resume: bool = False) -> Path:
     """Plan and execute one run on `cluster` (or a sub-layout of it): its runs/<id>."""
-    return execute(plan(cluster, request, run_id=run_id or runs.new_id(), resume=resume,
+    return execute(plan(cluster, request, run_id=run_id or runs.claim_id(), resume=resume,
                         inventory=inventory))
 
 
@@ -351,13 +351,21 @@ def train(inventory: str, options: Options) -> Path | None:
     notes += left_out
     policy.check_start(layout, rec.cluster)
     request = request_for(rec, options, fetch=not options.dry_run and not resume_run)
-    the_plan = plan(layout, request, run_id=resume_run or runs.new_id(),
-                    resume=resume_run is not None, inventory=rec.inventory)
-    if options.dry_run:
+    if options.dry_run:  # it names the run it would start, and takes nothing
+        the_plan = plan(layout, request, run_id=resume_run or runs.new_id(),
+                        resume=resume_run is not None, inventory=rec.inventory)
         older = [f"note: {note}" for note in run_settings.older_names(request.config, request.overrides)]
         show(the_plan, [*notes, *pending_notes(request), *older])
         return None
-    preflight(the_plan)
+    run_id = resume_run or runs.claim_id()
+    try:
+        the_plan = plan(layout, request, run_id=run_id, resume=resume_run is not None,
+                        inventory=rec.inventory)
+        preflight(the_plan)
+    except BaseException:
+        if not resume_run:
+            runs.release_id(run_id)  # still empty: nothing ran
+        raise
     return restarts.run_with_restarts(
         the_plan, execute, policy,
         lambda current, left, fault, restart: restarted(rec, current, left, fault, options, policy, restart))

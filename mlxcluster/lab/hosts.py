@@ -39,7 +39,7 @@ import yaml
 
 from mlxcluster.describe.topology import Port
 from mlxcluster.lab import limits, veth
-from mlxcluster.lab.cache import WHEELHOUSE, prepare_offline_cache
+from mlxcluster.lab.cache import PIP_ARGS, prepare_offline_cache
 from mlxcluster.lab.system import LabError, require_root
 from mlxcluster.lab.system import link_exists as _link_exists
 from mlxcluster.lab.system import run as _run
@@ -183,6 +183,14 @@ if [ ! -e {d}/booted ]; then
   mkdir -m 700 /root/.ssh
   echo '{authorized_key}' > /root/.ssh/authorized_keys
   chmod 600 /root/.ssh/authorized_keys
+  # Packages install as in a slim Debian image: no manuals or docs, and no man-db index
+  # rebuilt after each apt run (a lab host has no reader for them; the package set is the same).
+  cat > /etc/dpkg/dpkg.cfg.d/mlx-lab-slim <<'EOF'
+path-exclude=/usr/share/doc/*
+path-exclude=/usr/share/man/*
+path-exclude=/usr/share/info/*
+EOF
+  rm -f /var/lib/man-db/auto-update
   touch {d}/booted
 fi
 cat > /etc/ssh/sshd_config <<'EOF'
@@ -278,7 +286,7 @@ def write_inventory(lab: Lab, nodes: list[int], slots: int = 1,
            {"thunderbolt_interface": THUNDERBOLT_IFACE, "thunderbolt_prefix": 24}),
         # No registry is reachable from a lab host: install from the host's cache.
         "cluster_apt_update_cache": False,
-        "python_env_pip_extra_args": f"--no-index --find-links={WHEELHOUSE}",
+        "python_env_pip_extra_args": PIP_ARGS,
     }
     inventory = {
         "cluster": {"children": {"linux": {"hosts": hosts}, "macs": {"hosts": {}}},

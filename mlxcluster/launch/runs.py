@@ -7,7 +7,9 @@ them, `invoke generate` the latest finished one.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import itertools
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +26,28 @@ class RunError(UserError):
 
 def new_id() -> str:
     return dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+def claim_id() -> str:
+    """A new run's id, its runs/<id> made here and now so that no other run takes it: the second
+    it starts, then -2, -3... when another run on this controller started in the same second (a
+    second terminal, a script starting runs, or two test labs side by side)."""
+    stamp = new_id()
+    RUNS.mkdir(parents=True, exist_ok=True)
+    for n in itertools.count(1):
+        run_id = stamp if n == 1 else f"{stamp}-{n}"
+        try:
+            (RUNS / run_id).mkdir()
+        except FileExistsError:
+            continue
+        return run_id
+    raise AssertionError("unreachable")
+
+
+def release_id(run_id: str) -> None:
+    """Give back a claimed id whose run never started: its runs/<id> goes if it is still empty."""
+    with contextlib.suppress(OSError):
+        (RUNS / run_id).rmdir()
 
 
 def write_info(results: Path, info: dict) -> None:

@@ -31,26 +31,44 @@ VENV_BIN = Path(sys.executable).parent
 TEST_LAB_ID = int(os.environ.get("MLX_TEST_LAB_ID", "5"))
 
 
-# The lab modules share one lab for the session, each leaving it as the next one wants it, in this
-# order (any module not named runs after them, in file order):
-# - test_site.py wants fresh nodes: it checks the first provisioning, and adds a fourth node;
-# - test_restarts.py trains on the three provisioned nodes (the fourth stopped, then back);
-# - test_docs.py's dry runs use the two nodes that test_run_job.py and test_train.py then run on
-#   (`provisioned`), and test_train.py stops node2 for good last;
-# - test_train_links.py cables the session's nodes in a ring.
-# Each module run alone (`invoke test -k`) provisions what it needs itself.
-# The roles whose molecule scenario (roles/<role>/molecule/default) site.yml covers on the session's
-# nodes: test_site.py runs each one's checks (its verify.yml) on the nodes site.yml converged, and
-# test_molecule.py leaves these scenarios to MLX_MOLECULE=all. Each would bring up two or three
-# more lab hosts and install them again, the venv with MLX twice: a third of CI's time for checks
-# that hold as well on the session's nodes. The ones left cover what site.yml here does not: the
-# macOS branches, per-cable links, and apt_packages alone.
-SITE_VERIFIED = ("thunderbolt", "ssh_mesh", "openmpi", "python_env", "model", "hostfile")
+# The session's two labs, each with its modules in the order they run (a module not named runs on
+# the cluster lab after them, in file order):
+# - the cluster lab, three nodes: test_site.py wants them fresh (it checks the first provisioning,
+#   and adds a fourth node), test_restarts.py trains on the three provisioned nodes (the fourth
+#   stopped, then back), and test_train_links.py cables them in a ring;
+# - the training lab, two nodes of its own (TRAINING_LAB_ID), provisioned once (`provisioned`):
+#   test_docs.py's dry runs, then test_run_job.py and test_train.py, which stops node2 for good last.
+# Under pytest-xdist's --dist loadgroup (`invoke test`) each lab's tests stay together, in this
+# order, on one worker, and the two labs run side by side (xdist_group marks, with the stand-in
+# Macs' and the molecule scenarios' groups). Each module run alone (`invoke test -k`) provisions what
+# it needs itself.
+LABS = {"cluster": ("test_site.py", "test_restarts.py", "test_train_links.py"),
+        "training": ("test_docs.py", "test_run_job.py", "test_train.py")}
+TRAINING_LAB_ID = (TEST_LAB_ID + 3) % 10  # the molecule scenarios take the two after TEST_LAB_ID
+MOLECULE_MODULE = "test_molecule.py"
+# The molecule scenarios (roles/<role>/molecule/<scenario>) whose checks hold on the session's nodes
+# once site.yml has converged them: test_site.py runs each one's verify.yml on its three nodes as
+# the bridge left them (SITE_VERIFIED), test_train_links.py on the same nodes cabled in a ring
+# (LINKS_VERIFIED), and test_molecule.py leaves these scenarios to MLX_MOLECULE=all. Each would
+# bring up two or three more lab hosts and install them again, the venv with MLX twice: a third of
+# CI's time for checks that hold as well on the session's nodes. The one left, macos, checks that
+# the role writes nothing on a Linux node, from a mark made before it runs.
+SITE_VERIFIED = ("thunderbolt", "ssh_mesh", "openmpi", "python_env", "model", "hostfile", "apt_packages")
+LINKS_VERIFIED = (("thunderbolt", "links"),)
+SESSION_VERIFIED = (*((role, "default") for role in SITE_VERIFIED), *LINKS_VERIFIED)
 
-LAB_ORDER = ("test_site.py", "test_restarts.py", "test_docs.py", "test_run_job.py", "test_train.py",
-             "test_train_links.py")
+LAB_ORDER = (*LABS["cluster"], *LABS["training"])
 
 
+def lab_group(module: str) -> str:
+    """The xdist group of one of this folder's modules: the lab it runs on, or the molecule
+    scenarios' (labs of their own)."""
+    if module == MOLECULE_MODULE:
+        return "molecule"
+    return next((lab for lab, modules in LABS.items() if module in modules), "cluster")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
     rank = {name: n for n, name in enumerate(LAB_ORDER)}
@@ -61,6 +79,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return rank.get(item.path.name, len(LAB_ORDER)) if item.path.parent == here else len(LAB_ORDER) + 1
 
     items.sort(key=place)
+    for item in items:
+        if item.path.parent == here:
+            item.add_marker(pytest.mark.xdist_group(lab_group(item.path.name)))
     if os.geteuid() != 0:
         skip = pytest.mark.skip(reason="lab-cluster tests need root (network namespaces)")
         for item in items:
@@ -131,15 +152,15 @@ class LabCluster:
         proc = subprocess.run(cmd, cwd=REPO, env=self.env(), capture_output=True, text=True)
         return PlaybookRun.of(proc)
 
-    def verify(self, role: str, **extra_vars: str) -> PlaybookRun:
-        """The role's molecule checks (its default scenario's verify.yml) on these nodes, with the
+    def verify(self, role: str, scenario: str = "default", **extra_vars: str) -> PlaybookRun:
+        """The role's molecule checks (the scenario's verify.yml) on these nodes, with the
         shipped defaults as molecule gives them: playbooks/group_vars beside the inventory (the
         lab's settings, its `cluster` group's vars, still win over them)."""
         with tempfile.TemporaryDirectory() as folder:
             inventory = Path(folder) / self.inventory.name
             inventory.symlink_to(self.inventory)
             (Path(folder) / "group_vars").symlink_to(REPO / "playbooks" / "group_vars")
-            verify = REPO / "roles" / role / "molecule" / "default" / "verify.yml"
+            verify = REPO / "roles" / role / "molecule" / scenario / "verify.yml"
             cmd = ansible.ansible_playbook(str(verify), inventory, extra_vars=extra_vars)
             proc = subprocess.run(cmd, cwd=REPO, env=self.env(), capture_output=True, text=True)
         return PlaybookRun.of(proc)
@@ -153,55 +174,50 @@ class LabCluster:
 
 
 @contextmanager
-def fresh_lab(tmp_path_factory: pytest.TempPathFactory, nodes: int) -> Iterator[LabCluster]:
+def fresh_lab(tmp_path_factory: pytest.TempPathFactory, nodes: int,
+              lab_id: int = TEST_LAB_ID) -> Iterator[LabCluster]:
     """A lab cluster of `nodes` fresh hosts with its own fact cache, torn down afterwards."""
     facts = tmp_path_factory.mktemp("facts")
     try:
-        with hosts.fresh(nodes, TEST_LAB_ID) as inventory:
-            yield LabCluster(hosts.Lab(TEST_LAB_ID), inventory, facts)
+        with hosts.fresh(nodes, lab_id) as inventory:
+            yield LabCluster(hosts.Lab(lab_id), inventory, facts)
     finally:
         shutil.rmtree(facts, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
 def lab_cluster(tmp_path_factory: pytest.TempPathFactory, tiny_inputs: tuple[Path, Path]):
-    """A fresh 3-node lab cluster, shared by the test modules and torn down at the end.
+    """The cluster lab: three fresh nodes, shared by its modules (LABS) and torn down at the end.
 
     Provisioning a lab is most of a lab test's time, so it is done once: test_site.py checks the
-    provisioning of the fresh nodes (dry run, first and second run, ...), then test_docs.py and
-    test_train.py use two of the provisioned nodes (`provisioned`). The modules run in that order
-    (LAB_ORDER); a module run alone provisions what it needs itself.
+    provisioning of the fresh nodes (dry run, first and second run, ...), and the modules after it
+    use the nodes it provisioned. A module run alone provisions what it needs itself.
     """
     with fresh_lab(tmp_path_factory, 3) as cluster:
         yield dataclasses.replace(cluster, model=tiny_inputs[0])
 
 
 @pytest.fixture(scope="session")
-def provisioned(lab_cluster: LabCluster, tmp_path_factory: pytest.TempPathFactory):
-    """node1 and node2 of the session's lab as a cluster of their own, one rank each: provisioned
-    from that inventory (after test_site.py, only its hostfiles and layout change). Provisioned
-    once for the session: test_docs.py's dry runs use it just before test_train.py trains on it."""
-    folder = tmp_path_factory.mktemp("two-nodes")
-    cluster = sub_cluster(lab_cluster, ["node1", "node2"], folder)
-    try:
-        run = cluster.playbook()
-        assert run.returncode == 0, json.dumps(run.failures, indent=1)
-        yield cluster
-    finally:
-        shutil.rmtree(paths.build_dir_for(cluster.inventory), ignore_errors=True)
+def provisioned(tmp_path_factory: pytest.TempPathFactory, tiny_inputs: tuple[Path, Path]):
+    """The training lab: two fresh nodes of its own, one rank each, provisioned once for the
+    session (test_docs.py's dry runs use it just before test_run_job.py and test_train.py train on
+    it), beside the cluster lab, and torn down at the end."""
+    with fresh_lab(tmp_path_factory, 2, TRAINING_LAB_ID) as fresh:
+        cluster = dataclasses.replace(fresh, model=tiny_inputs[0])
+        try:
+            run = cluster.playbook()
+            assert run.returncode == 0, json.dumps(run.failures, indent=1)
+            yield cluster
+        finally:
+            shutil.rmtree(paths.build_dir_for(cluster.inventory), ignore_errors=True)
 
 
-def sub_cluster(cluster: LabCluster, nodes: list[str], folder: Path) -> LabCluster:
-    """The lab cluster as an inventory of `nodes` alone (the first one the launcher), written
-    under folder/inventory/ with the lab's settings: its own build folder, its own launch layout."""
-    inventory = yaml.safe_load(cluster.inventory.read_text())
-    linux = inventory["cluster"]["children"]["linux"]["hosts"]
-    inventory["cluster"]["children"]["linux"]["hosts"] = {n: linux[n] for n in nodes}
-    inventory["launcher"] = {"hosts": {nodes[0]: None}}
-    path = folder / "inventory" / "hosts.yml"
-    path.parent.mkdir(parents=True)
-    path.write_text(yaml.safe_dump(inventory))
-    return dataclasses.replace(cluster, inventory=path)
+def own_name(model: str) -> str:
+    """A model's folder name for this test process: the controller keeps a model by its folder's name
+    (models/<name>, and the model role's copies), and the labs' tests side by side (pytest-xdist's
+    workers) each make their own."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    return f"{model}-{worker}" if worker else model
 
 
 @pytest.fixture(scope="session")
@@ -212,8 +228,9 @@ def tiny_inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     from training.model import folder as model_tools
 
     tmp = tmp_path_factory.mktemp("tiny-inputs")
-    tiny_model(tmp / "tiny-src")
-    model_dir = model_tools.fetch(str(tmp / "tiny-src"), tmp / "tiny", dtype="float32")
+    name = own_name("tiny")
+    tiny_model(tmp / f"{name}-src")
+    model_dir = model_tools.fetch(str(tmp / f"{name}-src"), tmp / name, dtype="float32")
     prepare(REPO / "training/data/pirate.jsonl", tmp / "pirate")
     return model_dir, tmp / "pirate"
 
@@ -227,9 +244,10 @@ def tiny_quantized_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from training.model import folder as model_tools
 
     tmp = tmp_path_factory.mktemp("tiny-4bit")
-    tiny_model(tmp / "tiny-4bit-src", quantized=True, hidden_size=192, num_attention_heads=6,
+    name = own_name("tiny-4bit")
+    tiny_model(tmp / f"{name}-src", quantized=True, hidden_size=192, num_attention_heads=6,
                num_key_value_heads=3, intermediate_size=160)
-    return model_tools.fetch(str(tmp / "tiny-4bit-src"), tmp / "tiny-4bit", dtype="float32")
+    return model_tools.fetch(str(tmp / f"{name}-src"), tmp / name, dtype="float32")
 
 
 def assert_tensor_qlora_is_one_process(cluster: LabCluster, model_dir: Path, data_dir: Path, out: Path,

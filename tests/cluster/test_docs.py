@@ -66,7 +66,7 @@ ELSEWHERE = {
               "(mlxcluster/lab/hosts.py, from tests/cluster/conftest.py)",
     "lab.down": "would take this session's lab down: the lab fixtures run the same code at the end",
     "lab.limit": "slows a node down: tests/cluster/test_train.py::"
-                 "test_a_slowed_node_gets_the_share_its_calibration_gives limits one the same way",
+                 "test_auto_shares_are_the_ones_a_slower_node_s_calibration_gives limits one the same way",
     "bench.provision": "provisions fresh labs of 2 to 8 nodes (minutes): parsed only; its arithmetic "
                        "is tests/unit/mlxcluster/bench/test_provision.py",
     "bench.rehearsal": "takes a fresh lab of 4 or 8 nodes from nothing to training (minutes): parsed "
@@ -80,9 +80,9 @@ ELSEWHERE = {
     "bench.scaling": "tests/cluster/test_site.py::"
                      "test_bench_scaling_runs_on_one_node_and_on_all_and_reports_the_speedup",
     "bench.calibrate": "tests/cluster/test_train.py::"
-                       "test_a_slowed_node_gets_the_share_its_calibration_gives",
+                       "test_auto_shares_are_the_ones_a_slower_node_s_calibration_gives",
     "bench.shares": "a calibration and two runs of every node (minutes): parsed only; its calibration "
-                    "and shared runs are test_a_slowed_node_gets_the_share_its_calibration_gives's",
+                    "and shared runs are test_auto_shares_are_the_ones_a_slower_node_s_calibration_gives's",
     "bench.tensor": "two runs and a comparison (minutes): parsed only; the comparison is "
                     "tests/unit/mlxcluster/bench/test_tensor.py, tensor-parallel runs on the lab are "
                     "tests/cluster/test_train.py's",

@@ -10,8 +10,7 @@ global batches (its config.yaml: what an uninterrupted run equals, tests/cluster
 
 The nodes are those test_site.py provisioned (it adds a fourth, stopped here and brought back
 after): the lab's own inventory, of three nodes with batch shares, recorded by a `--tags hostfile`
-run. So this module runs after test_site.py, which wants fresh nodes, and before the modules that
-provision two of them (conftest.py's RUNS_JUST_BEFORE).
+run. So this module runs after test_site.py, which wants fresh nodes (conftest.py's LABS).
 """
 
 from __future__ import annotations
@@ -125,7 +124,7 @@ class Faulted:
     @property
     def run(self) -> Path:
         """The run's folder in runs/, whether it finished or not (removed by the test)."""
-        found = re.search(r"/runs/(\d{8}-\d{6})/", self.stdout + self.stderr)
+        found = re.search(r"/runs/(\d{8}-\d{6}(?:-\d+)?)/", self.stdout + self.stderr)
         assert found, self.stdout[-3000:] + self.stderr[-3000:]
         return paths.RUNS / found[1]
 

@@ -1,7 +1,7 @@
 """links mode on real point-to-point cables: three lab hosts cabled in a ring, a /30 per cable,
 then a fourth joining the ring.
 
-The session's lab hosts (test_site.py and test_train.py ran on their bridge before: this module
+The cluster lab's hosts (test_site.py and test_restarts.py ran on their bridge before: this module
 comes after them) get veth cables straight between their namespaces, named like a Mac's
 Thunderbolt ports (mlxcluster/lab/veth.py), and the inventory lab.up writes for them. Then
 site.yml configures every cable, training runs over them with the ring backend, and a pulled
@@ -26,6 +26,7 @@ import pytest
 from mlxcluster import paths
 from mlxcluster.lab import hosts
 from tests.cluster.conftest import (
+    LINKS_VERIFIED,
     TEST_LAB_ID,
     LabCluster,
     assert_equal_across_ranks,
@@ -37,13 +38,13 @@ from tests.cluster.conftest import (
 from tests.cluster.test_train import (
     INVOKE,
     REPO,
-    SERVE_PORT,
     finetune_pids,
     finished_run,
     invoke_train,
     killed_at_checkpoint,
     run_dir_of,
     serve_pids,
+    serve_port,
     serving,
     tiny_eos,
     wait_until_gone,
@@ -58,8 +59,7 @@ TINY_RUN = "--steps-per-report 1 --val-batches 1 --num-layers 1 --max-seq-length
 
 @pytest.fixture(scope="module")
 def cabled(lab_cluster: LabCluster):
-    """The session's lab as three nodes (test_site.py adds a fourth, test_train.py stops node2
-    last), cabled in a ring and provisioned in links mode from the inventory lab.up writes.
+    """The cluster lab as three nodes (test_site.py adds a fourth), cabled in a ring and provisioned in links mode from the inventory lab.up writes.
 
     The nodes come from a bridge, as in a full run (and as a user moving to links would): a
     module run alone provisions the bridge first, so the bridge's live addresses are there."""
@@ -121,6 +121,14 @@ def test_links_mode_converges_cable_by_cable_and_a_second_run_changes_nothing(ca
     assert [h["ips"] for h in hosts["hosts"]] == [[f"{POOL}.10"], [f"{POOL}.2"], [f"{POOL}.6"]]
 
 
+@pytest.mark.parametrize(("role", "scenario"), LINKS_VERIFIED)
+def test_the_links_scenario_s_molecule_checks_hold_on_the_cabled_nodes(cabled, role, scenario):
+    run = cabled.verify(role, scenario)
+    assert run.returncode == 0, json.dumps(run.failures, indent=1) + run.stderr[-2000:]
+    assert run.changed == {}
+    assert {host for host in run.stats if host != "localhost"} == {"node1", "node2", "node3"}, run.stats
+
+
 def test_ring_training_runs_over_every_cable(cabled, tiny_inputs, tmp_path):
     model_dir, data_dir = tiny_inputs
     before = cable_bytes(cabled)
@@ -164,7 +172,7 @@ def test_three_nodes_each_holding_packed_shards_of_a_4_bit_model_train_one_proce
         expected = stock_answer(tiny_quantized_model, run_dir, "Ahoy?", 12)
         with serving(cabled, "--run", str(run_dir)) as server:
             assert all(serve_pids(cabled, node) for node in (1, 2, 3))
-            api = openai.OpenAI(base_url=f"http://127.0.0.1:{SERVE_PORT}/v1", api_key="unused",
+            api = openai.OpenAI(base_url=f"http://127.0.0.1:{serve_port(cabled)}/v1", api_key="unused",
                                 max_retries=0, timeout=120)
             question = [{"role": "user", "content": "Ahoy?"}]
             asked = api.chat.completions.create(model=run_dir.name, max_tokens=12, temperature=0,
@@ -251,7 +259,8 @@ def test_a_pulled_cable_is_named_by_doctor_and_by_the_run_it_stops(cabled, tiny_
     assert train.returncode != 0
     assert "cable node2:en3 <-> node3:en2" in stderr, stderr[-3000:]
     assert [finetune_pids(cabled, n) for n in (1, 2, 3)] == [[], [], []]
-    shutil.rmtree(re.search(r"what arrived is in (\S+/runs/\d{8}-\d{6})", stderr)[1], ignore_errors=True)
+    arrived = re.search(r"what arrived is in (\S+/runs/\d{8}-\d{6}(?:-\d+)?)", stderr)
+    shutil.rmtree(arrived[1], ignore_errors=True)
     print(f"node2:en3 pulled -> invoke train returned in {stopped:.1f} s")
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mlxcluster.lab import cache
 from mlxcluster.lab.hosts import Lab
 from tests.contract.stand_in_macs import (
     ADMIN,
@@ -97,7 +98,7 @@ def write_contract_inventory(macs: StandInMacs) -> Path:
         f"node{i}": {"ansible_host": macs.lab.mgmt_ip(i), "thunderbolt_ip": macs.lab.tb_ip(i),
                      "mpi_slots": 1} for i in NODES}, {
         # The lab node has no registry access: pip installs from the host's wheelhouse.
-        "python_env_pip_extra_args": "--no-index --find-links=/var/cache/mlx-lab/wheels",
+        "python_env_pip_extra_args": cache.PIP_ARGS,
         # On a Mac the mlx wheel brings Metal; on this Linux node it needs a CPU backend.
         "python_env_extra_packages": ["mlx-cpu=={{ python_env_mlx_version }}"],
         "macos_keep_awake": True,

@@ -280,3 +280,15 @@ def test_each_checkpoint_comes_back_as_it_is_saved_and_one_being_written_stays(t
     assert sorted(p.name for p in (results / "checkpoints").iterdir()) == ["0000020"]
     # What --resume needs besides: the settings the run started with.
     assert sorted(p.name for p in results.iterdir()) == ["checkpoints", "config.yaml"]
+
+
+def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path, monkeypatch):
+    monkeypatch.setattr(runs, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(runs, "new_id", lambda: "20261128-054012")
+    claimed = [runs.claim_id() for _ in range(3)]
+    assert claimed == ["20261128-054012", "20261128-054012-2", "20261128-054012-3"]
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == sorted(claimed)
+    (tmp_path / "runs" / claimed[1] / "run.json").write_text("{}")
+    for run_id in claimed[1:]:
+        runs.release_id(run_id)  # one never started, one did: that one is kept
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == claimed[:2]
