@@ -59,7 +59,8 @@ TINY_RUN = "--steps-per-report 1 --val-batches 1 --num-layers 1 --max-seq-length
 
 @pytest.fixture(scope="module")
 def cabled(lab_cluster: LabCluster):
-    """The cluster lab as three nodes (test_site.py adds a fourth), cabled in a ring and provisioned in links mode from the inventory lab.up writes.
+    """The cluster lab as three nodes (test_site.py adds a fourth), cabled in a ring and provisioned
+    in links mode from the inventory lab.up writes.
 
     The nodes come from a bridge, as in a full run (and as a user moving to links would): a
     module run alone provisions the bridge first, so the bridge's live addresses are there."""
