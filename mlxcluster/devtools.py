@@ -42,11 +42,11 @@ class Session:
 UNCOMPILED = (("MLX_DISABLE_COMPILE", "1"),)
 
 
-# Every core, the lab tests' groups side by side (pytest-xdist's loadgroup): each lab's tests stay
-# together, in their order, on one worker (the xdist_group marks of tests/cluster/conftest.py and
-# tests/contract/conftest.py: the cluster lab, the training lab, the stand-in Macs, the molecule
-# scenarios), and the unit tests go to whichever worker is free. One after another, the lab tests
-# left a third of two cores idle, waiting on ansible, sshd and ranks, and took 53 minutes of CI's 79.
+# Every core, the labs side by side: each lab's tests stay whole, in their order, on one worker (the
+# cluster lab, the training lab, the stand-in Macs, the molecule scenarios: tests/labs.py, scheduled
+# by tests/conftest.py's LabScheduling for --dist=loadgroup), and the unit tests go to whichever
+# worker is free. One after another, the lab tests left a third of two cores idle, waiting on
+# ansible, sshd and ranks, and took 53 minutes of CI's 79.
 EVERY_CORE = ("--numprocesses=auto", "--dist=loadgroup")
 
 SESSIONS = (Session("every", ("tests/cluster", "tests/contract", "tests/unit", *EVERY_CORE), env=UNCOMPILED),)

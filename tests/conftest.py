@@ -5,8 +5,12 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
+
+from tests import labs
 
 pytest_plugins = ["pytester"]
 
@@ -79,3 +83,21 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
         report.longrepr = (f"{collector.nodeid}: skipped whole for a missing dependency ({_reason(report)}): "
                            "run bin/setup (MLX_LAB_REQUIRED=0 allows it)")
 
+
+
+# --- the labs side by side -------------------------------------------------------------------------
+
+
+class LabScheduling(LoadScopeScheduling):
+    """pytest-xdist's scheduling by scope, each lab's group of tests one scope (tests/labs.py) and
+    every other test a scope of its own: a group stays whole, in its order, on one worker, and the
+    unit tests go to whichever worker is free. xdist's own `--dist loadgroup` does this from
+    xdist_group marks by renaming each test, which pytest 9 no longer lets it do."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return labs.group_of(nodeid) or nodeid
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadScopeScheduling | None:
+    """`--dist=loadgroup` (invoke test) schedules by lab; any other --dist is xdist's own."""
+    return LabScheduling(config, log) if config.getvalue("dist") == "loadgroup" else None

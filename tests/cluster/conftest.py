@@ -24,6 +24,7 @@ from mlxcluster import local, paths
 from mlxcluster.lab import hosts
 from mlxcluster.launch import runs
 from mlxcluster.provision import ansible
+from tests.labs import LABS
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -31,21 +32,8 @@ VENV_BIN = Path(sys.executable).parent
 TEST_LAB_ID = int(os.environ.get("MLX_TEST_LAB_ID", "5"))
 
 
-# The session's two labs, each with its modules in the order they run (a module not named runs on
-# the cluster lab after them, in file order):
-# - the cluster lab, three nodes: test_site.py wants them fresh (it checks the first provisioning,
-#   and adds a fourth node), test_restarts.py trains on the three provisioned nodes (the fourth
-#   stopped, then back), and test_train_links.py cables them in a ring;
-# - the training lab, two nodes of its own (TRAINING_LAB_ID), provisioned once (`provisioned`):
-#   test_docs.py's dry runs, then test_run_job.py and test_train.py, which stops node2 for good last.
-# Under pytest-xdist's --dist loadgroup (`invoke test`) each lab's tests stay together, in this
-# order, on one worker, and the two labs run side by side (xdist_group marks, with the stand-in
-# Macs' and the molecule scenarios' groups). Each module run alone (`invoke test -k`) provisions what
-# it needs itself.
-LABS = {"cluster": ("test_site.py", "test_restarts.py", "test_train_links.py"),
-        "training": ("test_docs.py", "test_run_job.py", "test_train.py")}
+# The session's two labs and their modules' order: tests/labs.py.
 TRAINING_LAB_ID = (TEST_LAB_ID + 3) % 10  # the molecule scenarios take the two after TEST_LAB_ID
-MOLECULE_MODULE = "test_molecule.py"
 # The molecule scenarios (roles/<role>/molecule/<scenario>) whose checks hold on the session's nodes
 # once site.yml has converged them: test_site.py runs each one's verify.yml on its three nodes as
 # the bridge left them (SITE_VERIFIED), test_train_links.py on the same nodes cabled in a ring
@@ -60,15 +48,6 @@ SESSION_VERIFIED = (*((role, "default") for role in SITE_VERIFIED), *LINKS_VERIF
 LAB_ORDER = (*LABS["cluster"], *LABS["training"])
 
 
-def lab_group(module: str) -> str:
-    """The xdist group of one of this folder's modules: the lab it runs on, or the molecule
-    scenarios' (labs of their own)."""
-    if module == MOLECULE_MODULE:
-        return "molecule"
-    return next((lab for lab, modules in LABS.items() if module in modules), "cluster")
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
     rank = {name: n for n, name in enumerate(LAB_ORDER)}
@@ -79,9 +58,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return rank.get(item.path.name, len(LAB_ORDER)) if item.path.parent == here else len(LAB_ORDER) + 1
 
     items.sort(key=place)
-    for item in items:
-        if item.path.parent == here:
-            item.add_marker(pytest.mark.xdist_group(lab_group(item.path.name)))
     if os.geteuid() != 0:
         skip = pytest.mark.skip(reason="lab-cluster tests need root (network namespaces)")
         for item in items:

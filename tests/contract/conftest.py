@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -24,12 +23,3 @@ def stand_in_macs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandInM
     finally:
         down(LAB_ID)
 
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The stand-in Macs' tests stay together on one worker (pytest-xdist's --dist loadgroup),
-    beside the lab tests of tests/cluster: they run on a lab of their own."""
-    here = Path(__file__).parent
-    for item in items:
-        if item.path.parent == here:
-            item.add_marker(pytest.mark.xdist_group("contract"))

@@ -84,3 +84,19 @@ def test_a_recap_gives_what_each_host_did():
     assert run.changed == {"node1": ["write"]}
     assert run.failures == {"node2": ["no route"]}
     assert run.stats["node2"]["unreachable"] == 1
+
+
+def test_each_lab_s_tests_are_one_group_on_one_worker_and_unit_tests_none():
+    """invoke test keeps each lab's tests whole on one pytest-xdist worker (tests/labs.py): a lab
+    module in no group, or in two, would have two workers bring up the same lab under each other."""
+    from tests import labs
+
+    assert labs.group_of("tests/cluster/test_site.py::test_each_node_has_the_hostfiles[1]") == "cluster"
+    assert labs.group_of("tests/cluster/test_train.py::test_train_runs") == "training"
+    assert labs.group_of("tests/cluster/test_molecule.py::test_molecule_scenario_passes[macos-default]") \
+        == "molecule"
+    assert labs.group_of("tests/contract/test_darwin_contract.py::test_every_run") == "contract"
+    assert labs.group_of("tests/unit/test_harness.py::test_x") is None
+    modules = sorted(p.name for p in (REPO / "tests" / "cluster").glob("test_*.py"))
+    placed = [m for lab in labs.LABS.values() for m in lab] + [labs.MOLECULE_MODULE]
+    assert sorted(placed) == modules

@@ -1,0 +1,38 @@
+"""The labs the lab tests run on, and the groups `invoke test` keeps whole on one pytest-xdist worker.
+
+Two fresh lab clusters for the session, each with its modules in the order they run (a module of
+tests/cluster not named runs on the cluster lab after them, in file order):
+- the cluster lab, three nodes: test_site.py wants them fresh (it checks the first provisioning, and
+  adds a fourth node), test_restarts.py trains on the three provisioned nodes (the fourth stopped,
+  then back), and test_train_links.py cables them in a ring;
+- the training lab, two nodes of its own provisioned once (tests/cluster/conftest.py's
+  `provisioned`): test_docs.py's dry runs, then test_run_job.py and test_train.py, which stops node2
+  for good last.
+The stand-in Macs (tests/contract) and the molecule scenarios have labs of their own. Each group's
+tests share a lab, so they stay together on one worker, in their order, and the groups run side by
+side (LabScheduling in tests/conftest.py); the unit tests go to whichever worker is free.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+
+LABS = {"cluster": ("test_site.py", "test_restarts.py", "test_train_links.py"),
+        "training": ("test_docs.py", "test_run_job.py", "test_train.py")}
+MOLECULE_MODULE = "test_molecule.py"
+
+
+def group_of(nodeid: str) -> str | None:
+    """The lab group of a test by its node id (tests/<folder>/<module>::...); None for a test that
+    needs no lab of a group's (a unit test)."""
+    parts = PurePosixPath(nodeid.split("::")[0]).parts
+    if len(parts) != 3 or parts[0] != "tests":
+        return None
+    folder, module = parts[1], parts[2]
+    if folder == "contract":
+        return "contract"
+    if folder != "cluster":
+        return None
+    if module == MOLECULE_MODULE:
+        return "molecule"
+    return next((lab for lab, modules in LABS.items() if module in modules), "cluster")
