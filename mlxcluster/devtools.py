@@ -44,13 +44,14 @@ UNCOMPILED = (("MLX_DISABLE_COMPILE", "1"),)
 
 # Every core, the labs side by side: each lab's tests stay whole, in their order, on one worker (the
 # cluster lab, the training lab, the stand-in Macs, the molecule scenarios: tests/labs.py, scheduled
-# by tests/conftest.py's LabScheduling for --dist=loadgroup), and the unit tests go to whichever
-# worker is free. One after another, the lab tests left a third of two cores idle, waiting on
-# ansible, sshd and ranks, and took 53 minutes of CI's 79.
-EVERY_CORE = ("--numprocesses=auto", "--dist=loadgroup")
+# by tests/conftest.py's LabScheduling for --dist=loadgroup), the labs first, in collection order (no
+# reordering by size); the unit tests are one more group, one at a time (local rings share ports).
+# One after another, the lab tests left a third of two cores idle, waiting on ansible, sshd and
+# ranks, and took 53 minutes of CI's 79.
+EVERY_CORE = ("--numprocesses=auto", "--dist=loadgroup", "--no-loadscope-reorder")
 
 SESSIONS = (Session("every", ("tests/cluster", "tests/contract", "tests/unit", *EVERY_CORE), env=UNCOMPILED),)
-UNIT = Session("unit", ("tests/unit", *EVERY_CORE), env=UNCOMPILED)
+UNIT = Session("unit", ("tests/unit",), env=UNCOMPILED)
 
 
 def lint() -> None:

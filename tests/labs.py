@@ -10,7 +10,9 @@ tests/cluster not named runs on the cluster lab after them, in file order):
   for good last.
 The stand-in Macs (tests/contract) and the molecule scenarios have labs of their own. Each group's
 tests share a lab, so they stay together on one worker, in their order, and the groups run side by
-side (LabScheduling in tests/conftest.py); the unit tests go to whichever worker is free.
+side (LabScheduling in tests/conftest.py). The unit tests are one group too: several of them start
+ranks on this machine with mlx.launch's ring, whose ports two such tests at once share (measured:
+connections reset, and a rank stopped before it said why), so they run one at a time, beside the labs.
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ MOLECULE_MODULE = "test_molecule.py"
 
 
 def group_of(nodeid: str) -> str | None:
-    """The lab group of a test by its node id (tests/<folder>/<module>::...); None for a test that
-    needs no lab of a group's (a unit test)."""
+    """The group of a test by its node id (tests/<folder>/<module>::...): its lab's, or the unit
+    tests'; None for a test outside them."""
     parts = PurePosixPath(nodeid.split("::")[0]).parts
+    if len(parts) >= 2 and parts[:2] == ("tests", "unit"):
+        return "unit"
     if len(parts) != 3 or parts[0] != "tests":
         return None
     folder, module = parts[1], parts[2]

@@ -86,7 +86,7 @@ def test_a_recap_gives_what_each_host_did():
     assert run.stats["node2"]["unreachable"] == 1
 
 
-def test_each_lab_s_tests_are_one_group_on_one_worker_and_unit_tests_none():
+def test_each_lab_s_tests_are_one_group_on_one_worker_and_the_unit_tests_one_more():
     """invoke test keeps each lab's tests whole on one pytest-xdist worker (tests/labs.py): a lab
     module in no group, or in two, would have two workers bring up the same lab under each other."""
     from tests import labs
@@ -96,7 +96,8 @@ def test_each_lab_s_tests_are_one_group_on_one_worker_and_unit_tests_none():
     assert labs.group_of("tests/cluster/test_molecule.py::test_molecule_scenario_passes[macos-default]") \
         == "molecule"
     assert labs.group_of("tests/contract/test_darwin_contract.py::test_every_run") == "contract"
-    assert labs.group_of("tests/unit/test_harness.py::test_x") is None
+    assert labs.group_of("tests/unit/training/test_finetune.py::test_x") == "unit"
+    assert labs.group_of("tests/unit/test_harness.py::test_x") == "unit"
     modules = sorted(p.name for p in (REPO / "tests" / "cluster").glob("test_*.py"))
     placed = [m for lab in labs.LABS.values() for m in lab] + [labs.MOLECULE_MODULE]
     assert sorted(placed) == modules
