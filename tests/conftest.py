@@ -84,14 +84,13 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
                            "run bin/setup (MLX_LAB_REQUIRED=0 allows it)")
 
 
-
 # --- the labs side by side -------------------------------------------------------------------------
 
 
 class LabScheduling(LoadScopeScheduling):
-    """pytest-xdist's scheduling by scope, each lab's group of tests one scope (tests/labs.py) and
-    every other test a scope of its own: a group stays whole, in its order, on one worker, and the
-    unit tests go to whichever worker is free. xdist's own `--dist loadgroup` does this from
+    """pytest-xdist's scheduling by scope, each group of tests one scope (tests/labs.py: each lab's,
+    and the unit tests') and any other test a scope of its own: a group stays whole, in its order,
+    on one worker. xdist's own `--dist loadgroup` does this from
     xdist_group marks by renaming each test, which pytest 9 no longer lets it do."""
 
     def _split_scope(self, nodeid: str) -> str:

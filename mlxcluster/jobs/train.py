@@ -8,6 +8,7 @@ it syncs, launches with the output relayed (mlxcluster/launch/relay.py), records
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shlex
 import subprocess
@@ -334,8 +335,11 @@ def execute(plan: Plan) -> Path:
 def launch_run(cluster: Cluster, request: Request, inventory: str, *, run_id: str | None = None,
                resume: bool = False) -> Path:
     """Plan and execute one run on `cluster` (or a sub-layout of it): its runs/<id>."""
-    return execute(plan(cluster, request, run_id=run_id or runs.claim_id(), resume=resume,
-                        inventory=inventory))
+    if run_id is not None:
+        return execute(plan(cluster, request, run_id=run_id, resume=resume, inventory=inventory))
+    with runs.released_if_unstarted(runs.claim_id()) as new_run:
+        the_plan = plan(cluster, request, run_id=new_run, resume=resume, inventory=inventory)
+    return execute(the_plan)
 
 
 def train(inventory: str, options: Options) -> Path | None:
@@ -357,15 +361,13 @@ def train(inventory: str, options: Options) -> Path | None:
         older = [f"note: {note}" for note in run_settings.older_names(request.config, request.overrides)]
         show(the_plan, [*notes, *pending_notes(request), *older])
         return None
-    run_id = resume_run or runs.claim_id()
-    try:
+    # A new run claims its folder (given back if the checks stop it); a resumed one has its own.
+    claimed = (contextlib.nullcontext(resume_run) if resume_run
+               else runs.released_if_unstarted(runs.claim_id()))
+    with claimed as run_id:
         the_plan = plan(layout, request, run_id=run_id, resume=resume_run is not None,
                         inventory=rec.inventory)
         preflight(the_plan)
-    except BaseException:
-        if not resume_run:
-            runs.release_id(run_id)  # still empty: nothing ran
-        raise
     return restarts.run_with_restarts(
         the_plan, execute, policy,
         lambda current, left, fault, restart: restarted(rec, current, left, fault, options, policy, restart))

@@ -11,7 +11,7 @@ import contextlib
 import datetime as dt
 import itertools
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +44,16 @@ def claim_id() -> str:
     raise AssertionError("unreachable")
 
 
-def release_id(run_id: str) -> None:
-    """Give back a claimed id whose run never started: its runs/<id> goes if it is still empty."""
-    with contextlib.suppress(OSError):
-        (RUNS / run_id).rmdir()
+@contextlib.contextmanager
+def released_if_unstarted(run_id: str) -> Iterator[str]:
+    """Around what comes between claiming an id and starting its run (planning, checks): if that
+    fails, the id is given back, its runs/<id> removed while still empty."""
+    try:
+        yield run_id
+    except BaseException:
+        with contextlib.suppress(OSError):
+            (RUNS / run_id).rmdir()
+        raise
 
 
 def write_info(results: Path, info: dict) -> None:

@@ -289,6 +289,7 @@ def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path, monk
     assert claimed == ["20261128-054012", "20261128-054012-2", "20261128-054012-3"]
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == sorted(claimed)
     (tmp_path / "runs" / claimed[1] / "run.json").write_text("{}")
-    for run_id in claimed[1:]:
-        runs.release_id(run_id)  # one never started, one did: that one is kept
+    for run_id in claimed[1:]:  # one never started, one did: that one is kept
+        with pytest.raises(RuntimeError), runs.released_if_unstarted(run_id):
+            raise RuntimeError("the checks before the run failed")
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == claimed[:2]
