@@ -17,9 +17,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
+from fnmatch import fnmatch
 from pathlib import Path, PurePosixPath
 
-from mlxcluster.errors import UserError, shown
+from mlxcluster.errors import UserError, reason, shown
 from mlxcluster.paths import PLAIN_NAME
 from training.loop.checkpoint_files import ARRAYS, DIRECTORY, NAME, STATE
 from training.model.folder import is_model_file, missing_from
@@ -29,10 +30,47 @@ from training.model.manifest import MANIFEST
 # the one a run cannot do without.
 DATA_SPLITS = ("train.jsonl", "valid.jsonl", "test.jsonl")
 REQUIRED_SPLIT = "train.jsonl"
+TEST_SPLIT = "test.jsonl"  # what `test: true` evaluates on
+
+
+# Files that hold credentials by their usual names (ssh keys, certificates and their keys, cloud and
+# service-account credentials, tokens, password stores): never sent, hidden or not, even from a
+# folder that goes with everything else in it (invoke run --ship).
+SECRET_NAMES = ("id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", "*.pem", "*.key", "*.p12", "*.pfx",
+                "*.jks", "*.keystore", "*.kdbx", "*.ovpn", "*.tfstate", "*.tfvars", "credentials",
+                "credentials.*", "*credentials*.json", "service-account*.json", "client_secret*.json",
+                "token", "*.token", "*_token", "authorized_keys", "known_hosts", "secrets.*",
+                "*.secret", "*.secrets", "netrc", "_netrc", "pgpass", "htpasswd")
 
 
 class ShipmentError(UserError):
     """A folder that cannot go to the nodes as it is; the message names it and what to do."""
+
+
+def is_hidden(name: str) -> bool:
+    """A relative path with a hidden file or folder anywhere on it (.ssh/config, data/.env)."""
+    return any(part.startswith(".") for part in PurePosixPath(name).parts)
+
+
+def is_secret(name: str) -> bool:
+    """A file named as credentials usually are (SECRET_NAMES), wherever it sits."""
+    base = PurePosixPath(name).name.lower()
+    return any(fnmatch(base, pattern) for pattern in SECRET_NAMES)
+
+
+def refuse_broad(folder: Path, what: str) -> None:
+    """A folder that is the file system's root, a home folder, or holds one (/Users, /home) is
+    never scanned nor sent: it holds everything of a user's, keys and tokens included."""
+    resolved = folder.resolve()
+    root = Path(resolved.anchor)
+    home = Path.home().resolve()
+    # /Users/other or /home/other: someone's home, as the user's own is (not so for root's /root).
+    homes = home.parent if home.parent != root else None
+    if resolved == root or home.is_relative_to(resolved) or resolved.parent == homes:
+        kind = ("the root folder" if resolved == root else "a home folder"
+                if resolved == home or resolved.parent == homes else "a folder holding home folders")
+        raise ShipmentError(f"{what}: {shown(folder)} is {kind}, which is never sent to the nodes: "
+                            "give the folder of the job's own files (make one and put them in it)")
 
 
 @dataclass(frozen=True)
@@ -113,7 +151,7 @@ def model(root: Path, what: str | None = None) -> Shipment:
         raise ShipmentError(f"{what} is not a model folder: it has no {MANIFEST} (invoke model.fetch "
                             f"--source {shown(root)} writes a checked copy into models/)") from None
     except (OSError, ValueError, ShipmentError) as error:
-        raise ShipmentError(f"{what}: its {MANIFEST} cannot be read ({error}): fetch the model again "
+        raise ShipmentError(f"{what}: its {MANIFEST} cannot be read ({reason(error)}): fetch the model again "
                             "with invoke model.fetch") from None
     if strays := [n for n in names if not is_model_file(n)]:
         raise ShipmentError(f"{what}: its {MANIFEST} lists {', '.join(strays[:5])}, which no mlx-lm "

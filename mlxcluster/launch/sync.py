@@ -1,7 +1,7 @@
 """Moving code, data, models and results between the controller and the nodes (rsync).
 
-Of a user's folder (data, model, a run's checkpoints) only the files mlxcluster/launch/shipment.py
-selected and checked are sent; the training code is the repository's own.
+Of a user's folder (data, model, a run's checkpoints, a job's own: invoke run --ship) only the files
+mlxcluster/launch/shipment.py selected and checked are sent; the training code is the repository's own.
 
 Code and data go from the controller to every node over the management link. The model
 goes to the launcher once and fans out from there over the Thunderbolt link, so the
@@ -42,17 +42,14 @@ def _rsync(dest: str) -> list[str]:
 
 
 def push(src: Path, node: Node, dest: str, *, delete: bool = True,
-         excludes: tuple[str, ...] = (), safe_links: bool = False) -> list[str]:
+         excludes: tuple[str, ...] = ()) -> list[str]:
     """rsync `src`'s contents to `dest` on `node` (only what changed is sent): the repository's
     own code, or one file. A file `src` is sent alone into the folder `dest`: never the folder it
-    sits in (a config kept in the home folder would take ~/.ssh with it). A user's data or model
-    folder goes by `send`, never by this; a job's own folder (invoke run --ship) with `safe_links`:
-    a symlink that leads out of it is left out."""
+    sits in (a config kept in the home folder would take ~/.ssh with it). A user's folder (data, a
+    model, a job's own: invoke run --ship) goes by `send`, never by this."""
     cmd = _rsync(dest)
     if delete:
         cmd.append("--delete")
-    if safe_links:
-        cmd.append("--safe-links")
     for pattern in excludes:
         cmd += ["--exclude", pattern]
     if (ssh := remote.rsync_ssh(node)) is not None:

@@ -52,9 +52,9 @@ def local(tmp_path: Path) -> Cluster:
 
 
 def run_plan(plan: everywhere.Plan) -> dict:
-    for label, step in plan.steps:
-        if not label.startswith("sync code"):  # the repository's code: not needed by these jobs
-            subprocess.run(step, check=True, capture_output=True)
+    # As invoke run sends (it makes a local node's folder first); the repository's code is not
+    # needed by these jobs.
+    sync.run_steps([(label, step) for label, step in plan.steps if not label.startswith("sync code")])
     done = subprocess.run(plan.command, capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -90,7 +90,7 @@ def test_a_local_script_is_sent_and_gets_its_words_exactly_and_the_rendezvous(lo
     assert not any("/training" in shlex.join(cmd) for label, cmd in plan.steps if "job.py" in label)
 
 
-def test_a_shipped_folder_is_sent_whole_without_what_links_out_of_it_and_the_job_runs_from_it(
+def test_a_shipped_folder_s_files_are_sent_without_what_links_out_of_it_and_the_job_runs_from_it(
         local, tmp_path, monkeypatch):
     folder = tmp_path / "project"
     (folder / "lib").mkdir(parents=True)
@@ -101,6 +101,8 @@ def test_a_shipped_folder_is_sent_whole_without_what_links_out_of_it_and_the_job
     (folder / "alias.txt").symlink_to("data.txt")  # inside it: kept
     monkeypatch.chdir(folder)
     plan = everywhere.plan(local, ["python", "lib/job.py", "go"], ship=Path("."))
+    assert plan.notices == ("--ship .: left out 1 link out of the folder (leak): it never goes to the nodes; "
+                            "copy into the folder a file the job needs instead of linking it",)
     said = run_plan(plan)
     shipped = Path(said["cwd"])
     assert said["argv"] == ["go"] and shipped.name.startswith("project-") and plan.workdir == str(shipped)
@@ -129,6 +131,118 @@ def test_what_cannot_be_shipped_is_refused_with_what_to_do(local, tmp_path, monk
     for program in (["python", "-m", "training.examples.logistic_regression"], ["python", "-c", "print(1)"],
                     ["hostname"], ["/usr/bin/env"], ["bash", "-c", "echo hi"]):
         assert everywhere.plan(local, program).program == program
+
+
+def job_folder_among_secrets(tmp_path: Path) -> Path:
+    """A job's folder (job.py, lib/util.py, data/rows.csv) that also holds what must never leave this
+    machine: keys, tokens, credentials, hidden files, a link to a file outside it."""
+    folder = tmp_path / "project"
+    job = ("import json, os, sys\nsys.path.insert(0, 'lib')\nimport util\n"
+           "rows = open('data/rows.csv').read()\n"
+           "print(json.dumps({'rows': rows, 'util': util.NAME, 'cwd': os.getcwd()}))\n")
+    secrets = {".ssh/id_ed25519": "key", ".netrc": "machine x password y", ".aws/credentials": "aws",
+               ".cache/huggingface/token": "hf_x", ".env": "TOKEN=x", "keys/id_rsa": "key",
+               "service-account.json": "{}", "cert.pem": "cert", "sub/.hidden/x.py": "x"}
+    for name, text in {"job.py": job, "lib/util.py": "NAME = 'util'\n", "data/rows.csv": "a,b\n1,2\n",
+                       **secrets}.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "secret.txt").write_text("keys")
+    (folder / "out").symlink_to(tmp_path / "elsewhere" / "secret.txt")
+    return folder
+
+
+LEFT_OUT = ("--ship project: left out 10 hidden or secret files and links out of the folder (out, cert.pem, "
+            "service-account.json, keys/id_rsa, .aws/ and 5 more): they never go to the nodes; copy into "
+            "the folder a file the job needs instead of linking it")
+
+
+def test_a_shipped_folder_sends_the_job_s_files_only_never_keys_tokens_hidden_files_or_links_out(
+        local, tmp_path, monkeypatch):
+    folder = job_folder_among_secrets(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    plan = everywhere.plan(local, ["python", "job.py"], ship=Path("project"))
+    assert plan.notices == (LEFT_OUT,)
+    said = run_plan(plan)
+    assert said["rows"] == "a,b\n1,2\n" and said["util"] == "util"  # the job ran from its files
+    shipped = Path(said["cwd"])
+    assert shipped.name.startswith("project-") and shipped != folder
+    assert sorted(str(p.relative_to(shipped)) for p in shipped.rglob("*") if not p.is_dir()) == \
+        ["data/rows.csv", "job.py", "lib/util.py"]
+
+
+def test_what_a_shipped_folder_left_out_is_said_by_the_dry_run_and_by_the_run(
+        local, tmp_path, monkeypatch, capsys):
+    job_folder_among_secrets(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    everywhere.run(local, ["python", "job.py"], ship=Path("project"), dry_run=True)
+    dry = capsys.readouterr().out
+    assert f"# {LEFT_OUT}\n" in dry and "--include=/job.py" in dry
+    sent = dry.replace(LEFT_OUT, "")  # the steps and the command: none names what was left out
+    assert not re.search(r"id_rsa|id_ed25519|\.ssh|\.netrc|credentials|token|\.env|service-account|cert\.pem|"
+                         r"\.hidden|--include=/out", sent)
+    monkeypatch.setattr(everywhere, "free_port", lambda head: 40000)
+    monkeypatch.setattr(sync, "run_steps", lambda steps, dry_run=False: None)
+    monkeypatch.setattr(relay, "supervise", lambda *args, **options: relay.Relayed(0, ""))
+    everywhere.run(local, ["python", "job.py"], ship=Path("project"))
+    assert f"==> {LEFT_OUT}\n" in capsys.readouterr().out
+
+
+def test_a_home_folder_the_root_folder_and_a_folder_of_home_folders_are_never_shipped(
+        local, tmp_path, monkeypatch):
+    home = tmp_path / "Users" / "me"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_ed25519").write_text("key")
+    (home / "job.py").write_text(JOB)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(home)
+    for ship, kind in ((Path("."), "a home folder"), (home, "a home folder"), (Path("/"), "the root folder"),
+                       (tmp_path / "Users", "a folder holding home folders")):
+        with pytest.raises(UserError, match=f"^--ship {re.escape(str(ship))}: .* is {kind}, which is never "
+                                            "sent to the nodes: give the folder of the job's own files"):
+            everywhere.plan(local, ["python", "job.py"], ship=ship)
+
+
+def test_a_script_named_as_a_key_or_on_a_hidden_path_is_never_sent_as_the_job(local, tmp_path, monkeypatch):
+    """Without --ship, the script the command names goes alone, through the same selector."""
+    home = tmp_path / "me"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "run.py").write_text(JOB)
+    (home / "keys").mkdir()
+    (home / "keys" / "id_rsa").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    monkeypatch.chdir(home)
+    for script in (".ssh/run.py", "keys/id_rsa", str(home / "keys" / "id_rsa")):
+        with pytest.raises(UserError, match=f"^{re.escape(script)}: a hidden or secret file, which is never"):
+            everywhere.plan(local, ["python", script])
+    (home / "job.py").write_text(JOB)
+    steps = everywhere.plan(local, ["python", "job.py"]).steps
+    sent = [command for label, command in steps if label.startswith("send job.py")]
+    # The one file, by the selector's filter: never the folder it sits in.
+    rules = [word for word in sent[0] if word.startswith(("--include", "--exclude"))]
+    assert rules == ["--include=/job.py", "--exclude=*"]
+
+
+def test_a_shipped_folder_with_no_file_that_may_go_or_too_many_is_refused_with_what_to_do(
+        local, tmp_path, monkeypatch):
+    folder = tmp_path / "dotfiles"
+    (folder / ".ssh").mkdir(parents=True)
+    for name in (".ssh/id_rsa", ".env", "token"):
+        (folder / name).write_text("secret")
+    with pytest.raises(UserError, match=re.escape(
+            f"--ship {folder}: no file of {folder} can be sent: it holds only 3 hidden or secret files "
+            "(token, .ssh/, .env), which never go to the nodes; ship a folder that holds the job's own "
+            "files")):
+        everywhere.plan(local, ["hostname"], ship=folder)
+    (folder / "job.py").write_text(JOB)
+    with pytest.raises(UserError, match=r"\.env: left out of --ship .*, as every hidden or secret file is"):
+        everywhere.plan(local, ["python", ".env"], ship=folder)
+    monkeypatch.setattr(everywhere, "MOST_SHIPPED_FILES", 3)
+    for i in range(3):
+        (folder / f"part{i}.txt").write_text("rows")
+    with pytest.raises(UserError, match="more than 3 files to send, more than a job's own: ship a smaller "
+                                        "folder that holds only the job's own files"):
+        everywhere.plan(local, ["python", "job.py"], ship=folder)
 
 
 def test_every_rank_of_two_nodes_gets_its_rank_from_mpirun_and_the_launcher_s_address():
