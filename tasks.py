@@ -135,7 +135,8 @@ def train(c, inventory=None, config=None, data=None, model=None, iters=None, bat
 
 
 @task(help=helps("inventory", "interface", "dry_run",
-                 ship="A folder of this machine to send to every node and run the command from",
+                 ship="A folder of this machine whose files go to every node, to run the command from "
+                      "(never its hidden files, keys, tokens or links out of it)",
                  backend="mpi (default: mpirun starts any program), ring, jaccl or jaccl-ring "
                          "(mlx.launch: Python programs only)"))
 def run(c, inventory=None, interface=None, ship=None, backend=None, dry_run=False):
@@ -144,8 +145,9 @@ def run(c, inventory=None, interface=None, ship=None, backend=None, dry_run=Fals
     The cluster's hostfile, interface pinning, env.sh and the environment of training's ranks
     apply, and the training code is synced first, so `invoke run -- python -m
     training.examples.logistic_regression` works on a freshly provisioned cluster. A script the
-    command names (python ./job.py) is sent to every node, as is --ship DIR; the words after --
-    arrive as typed; every rank gets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and the like.
+    command names (python ./job.py) is sent to every node, as are the files of --ship DIR (never
+    its hidden files, keys, tokens nor links out of it: a line names what was left out); the words
+    after -- arrive as typed; every rank gets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and the like.
     --backend ring starts a Python program with mlx.launch instead, for MLX's own backends.
     """
     program = everywhere.program_of(sys.argv, c.remainder)
@@ -160,7 +162,8 @@ def run(c, inventory=None, interface=None, ship=None, backend=None, dry_run=Fals
     parallel="tensor (the base sharded across every node) or single (one process on the launcher); "
              "default: tensor if a run trained so, else single",
     host=flags.Flag("Address the server listens on, on the launcher (default {default}, reached from here "
-                    "through an ssh tunnel; another is warned about)", serving.Options.host),
+                    "through an ssh tunnel; another one of the launcher's, or 0.0.0.0, needs "
+                    "--api-key-file)", serving.Options.host, flags.address),
     port=whole("Port of the API, on the launcher and here (default {default})", serving.Options.port,
                1, 65535),
     api_key_file="A file holding the key every request must send (Authorization: Bearer <key>)",

@@ -8,6 +8,15 @@ traceback.
 
 from __future__ import annotations
 
+import json
+import reprlib
+
+# A container in a message: a few items of a few levels (one whose YAML aliases nest, a "billion
+# laughs", would otherwise be expanded for ever).
+_CONTAINER = reprlib.Repr()
+_CONTAINER.maxlevel, _CONTAINER.maxdict, _CONTAINER.maxlist, _CONTAINER.maxtuple = 3, 4, 4, 4
+_CONTAINER.maxset, _CONTAINER.maxstring, _CONTAINER.maxother = 4, 60, 60
+
 
 class UserError(Exception):
     """Something the user can fix; the message says what. `code` is the exit status to end with."""
@@ -26,6 +35,20 @@ class Interrupted(UserError):
 
 def shown(value: object) -> str:
     """A value as a one-line message shows it: as it is when it prints plainly, else quoted with
-    its escapes (a newline in a path would otherwise split the message)."""
-    text = str(value)
+    its escapes (a newline in a path would otherwise split the message); a container in short."""
+    text = _CONTAINER.repr(value) if isinstance(value, (dict, list, tuple, set)) else str(value)
     return text if text.isprintable() and len(text) <= 300 else repr(text[:300])
+
+
+def reason(error: BaseException) -> str:
+    """Why a file could not be read, in a user's words rather than Python's: an OS error by its
+    description, a JSON one by where it breaks, anything else in one short line."""
+    if isinstance(error, json.JSONDecodeError):
+        return f"not valid JSON: {error.msg.lower()} at line {error.lineno}, column {error.colno}"
+    if isinstance(error, UnicodeDecodeError):
+        return "not UTF-8 text"
+    if isinstance(error, RecursionError):
+        return "nested too deeply"
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror.lower()
+    return " ".join(str(error).split())[:200] or type(error).__name__

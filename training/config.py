@@ -18,6 +18,7 @@ import dataclasses
 import difflib
 import math
 import re
+import reprlib
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -149,13 +150,41 @@ ConfigLoader.add_implicit_resolver(
 )
 
 
+# A value in a message: a few items of a few levels, so that a YAML document whose aliases nest
+# (a "billion laughs") is shown in a line, not expanded for ever.
+_SHORT = reprlib.Repr()  # its limits set one by one: Python before 3.12 takes none as arguments
+_SHORT.maxlevel, _SHORT.maxdict, _SHORT.maxlist, _SHORT.maxtuple, _SHORT.maxset = 3, 4, 4, 4, 4
+_SHORT.maxstring, _SHORT.maxother = 60, 60
+
+# The most values a settings file holds once its aliases (&a / *a) are expanded; every reader of
+# the settings (the checks, run.json) walks them expanded.
+LARGEST_EXPANDED = 100_000
+
+
 def _shown(value: Any) -> str:
     """A value as a message shows it: short, on one line, even when it is huge."""
     try:
-        text = repr(value)
+        text = _SHORT.repr(value)
     except ValueError:  # an integer too long for Python to print
         return "an integer of more than 4300 digits"
     return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def _expands_within(value: Any, budget: int) -> int:
+    """What is left of `budget` once `value`'s items are counted as often as aliases repeat them;
+    below 0 as soon as it runs out (the walk stops there)."""
+    budget -= 1
+    if isinstance(value, Mapping):
+        items = [*value.keys(), *value.values()]
+    elif isinstance(value, (list, tuple, set)):
+        items = list(value)
+    else:
+        return budget
+    for item in items:
+        if budget < 0:
+            break
+        budget = _expands_within(item, budget)
+    return budget
 
 
 def parse_size(text: str) -> int:
@@ -335,6 +364,13 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         return {}
     if not isinstance(values, dict):
         raise ConfigError(f"{path}: a config file must hold a mapping of keys to values")
+    try:
+        within = _expands_within(values, LARGEST_EXPANDED) >= 0
+    except RecursionError:  # an alias inside itself
+        within = False
+    if not within:
+        raise ConfigError(f"{path}: holds more than {LARGEST_EXPANDED} values once its YAML aliases "
+                          "(&name, *name) are expanded: not a settings file; write the values out")
     return values
 
 

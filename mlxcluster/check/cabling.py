@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxcluster.describe.cluster import Cluster, Node
-from mlxcluster.errors import UserError
+from mlxcluster.errors import UserError, reason
 from mlxcluster.launch import remote
 
 PROFILER = "/usr/sbin/system_profiler SPThunderboltDataType -json"
@@ -148,7 +148,7 @@ def read_mac(node: Node) -> list[SeenPort]:
     try:
         return ports_seen(node.name, json.loads(profiler), hardware)
     except ValueError as exc:
-        raise UserError(f"{node.name}: system_profiler's JSON could not be read ({exc})") from None
+        raise UserError(f"{node.name}: system_profiler's JSON could not be read ({reason(exc)})") from None
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from mlxcluster.errors import reason
+
 FILE = "drained.json"
 
 
@@ -53,7 +55,7 @@ def read(build: Path) -> dict[str, Drained]:
     except FileNotFoundError:
         return {}
     except (OSError, ValueError, TypeError, KeyError) as error:
-        print(f"warning: {path} cannot be read ({error}): no node counts as left out; delete it to "
+        print(f"warning: {path} cannot be read ({reason(error)}): no node counts as left out; delete it to "
               "silence this", flush=True)
         return {}
 

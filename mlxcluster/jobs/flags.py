@@ -90,6 +90,21 @@ def interface(value: Any, flag: str = "--interface") -> str | None:
     return text
 
 
+def address(value: Any, flag: str) -> str | None:
+    """An address to listen on: an IP address (v4 or v6; 0.0.0.0 or :: for all) or localhost; None
+    when not given. A name other than localhost is refused: what it resolves to is not said here."""
+    if value is None or value == "":
+        return None
+    text = str(value).strip()
+    if text == "localhost":
+        return text
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise UserError(f"{flag} {value!r}: give an IP address of the launcher (127.0.0.1, the default, "
+                        "one of its own, or 0.0.0.0 for all of them)") from None
+
+
 def number(value: Any, flag: str, minimum: float, maximum: float) -> float | None:
     """`value` as a finite number in [minimum, maximum]; None when not given."""
     if value is None or value == "":

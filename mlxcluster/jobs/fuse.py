@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlxcluster.check import probe, room
-from mlxcluster.errors import Interrupted, UserError
+from mlxcluster.errors import Interrupted, UserError, reason
 from mlxcluster.launch import runs
 from training.model import quantization
 
@@ -61,7 +61,7 @@ def _config(model: Path) -> dict:
     try:
         return json.loads((model / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
-        raise FuseError(f"{model}/config.json cannot be read ({error})") from None
+        raise FuseError(f"{model}/config.json cannot be read ({reason(error)})") from None
 
 
 def _size(n: int) -> str:

@@ -34,6 +34,18 @@ from training.serve import READY, front
 
 MODES = ("tensor", "single")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+EVERY_ADDRESS = ("0.0.0.0", "::")
+# Run on the launcher: whether it holds the address (a bind to it fails with EADDRNOTAVAIL if not).
+HOLDS_ADDRESS = """import errno, socket, sys
+host = sys.argv[1]
+probe = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+try:
+    probe.bind((host, 0))
+except OSError as error:
+    print("missing" if error.errno == errno.EADDRNOTAVAIL else "held")
+else:
+    print("held")
+"""
 # How long the server's front holds an answer that broke off for this controller's word on which node
 # went away (the launcher's output says it; mpirun's exit comes within a second of the rank's death).
 AWAIT_REASON_SECONDS = 5
@@ -146,6 +158,10 @@ def plan(rec: Recorded, options: Options, serve_id: str) -> Plan:
         steps += [(f"send run {run.name}'s adapters to {node.name}",
                    sync.send(files, node, f"{adapters_dir}/{run.name}")) for node in cluster.training_nodes]
         flags.append(f"--adapter={run.name}={adapters_dir}/{run.name}")
+    if options.host not in LOOPBACK and not options.api_key_file:
+        raise UserError(f"--host {options.host}: a server on a network with no --api-key-file lets anyone "
+                        f"who reaches {head.name} use it: give --api-key-file FILE (the key in it), or leave "
+                        "--host out (127.0.0.1, reached from here through an ssh tunnel)")
     key_flags = []
     if options.api_key_file:
         key = Path(options.api_key_file)
@@ -168,11 +184,22 @@ def plan(rec: Recorded, options: Options, serve_id: str) -> Plan:
     how = "tensor-parallel across " + ", ".join(n.name for n in cluster.training_nodes) \
         if what.mode == "tensor" else f"one process on {head.name}"
     notices = (f"base {what.model} ({how}, {ranks}); adapters: {', '.join(r.name for r in what.runs)}",
-            *([f"warning: listening on {options.host}: anyone who reaches {head.name} on port {options.port} "
-               "can use the API" + ("" if options.api_key_file else " (no --api-key-file)")]
-              if options.host not in LOOPBACK else []))
+            *([f"listening on {options.host}: whoever reaches {head.name} on port {options.port} with the "
+               "key can use the API"] if options.host not in LOOPBACK else []))
     return Plan(what.model, what.mode, cluster, steps, builder.command(cluster, job), tunnel,
                 f"http://{reached_at(head, options.host)}:{options.port}/v1", options.port, notices, marker)
+
+
+def check_host(head: Node, host: str) -> None:
+    """A --host the launcher holds (asked of it, before anything is sent): the server would
+    otherwise fail to start there, after the model went to every node."""
+    if host in LOOPBACK or host in EVERY_ADDRESS:
+        return
+    answer = remote.output(head, remote.ssh_command(head, remote.shell_line(
+        head, ["python", "-c", HOLDS_ADDRESS, host])), timeout=60)
+    if answer.split()[-1:] == ["missing"]:
+        raise UserError(f"--host {host}: not an address of {head.name}, the launcher, where the API listens: "
+                        "give one of its own, 0.0.0.0 for all of them, or leave --host out (127.0.0.1)")
 
 
 def code_and_model(rec: Recorded, cluster: Cluster, model: Path) -> tuple[str, list[sync.Step]]:
@@ -287,6 +314,7 @@ def serve(rec: Recorded, options: Options) -> None:
     # The nodes' checks (of the cluster as provisioned: its hostfiles are the whole cluster's),
     # and memory for what each serving rank will hold, before anything is sent.
     held = "tensor" if the_plan.mode == "tensor" else "data"
+    check_host(the_plan.cluster.head, options.host)
     doctor.preflight(rec.cluster, room.for_run(the_plan.cluster, the_plan.model, parallel=held,
                                                dequantize_ranks=()))
     execute(the_plan)

@@ -22,7 +22,7 @@ from mlxcluster import local
 from mlxcluster.check import doctor, faults, room
 from mlxcluster.check.faults import TrainFailed
 from mlxcluster.describe.cluster import Cluster, Recorded, recorded
-from mlxcluster.errors import Interrupted
+from mlxcluster.errors import Interrupted, shown
 from mlxcluster.jobs import restarts
 from mlxcluster.jobs.request import Options, Request, request_for, resumed
 from mlxcluster.launch import (
@@ -121,6 +121,7 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
     overrides = [*(shares.args if shares else []), *dequantizing, *request.overrides, *sent.flags]
     # The ranks' own rules, here: settings they would refuse stop the run before anything is sent.
     settings = run_settings.check(request.config, overrides, cluster.world_size)
+    check_test_split(settings, sent.data)
     quantized.check(model_config, settings, cluster.world_size)
     base = quantized.base_weights(cluster, model_config, settings, from_inventory=bool(dequantizing))
     program = finetune_argv(model=placed.model, data=placed.data, adapter_path=run_dir,
@@ -162,6 +163,7 @@ class JobInputs:
     placed: sync.Placed
     flags: list[str]
     controller_paths: dict[str, Any]
+    data: shipment.Shipment  # the data folder's splits that go (none when hf_dataset is read instead)
 
 
 def job_inputs(cluster: Cluster, request: Request, run_id: str) -> JobInputs:
@@ -185,7 +187,24 @@ def job_inputs(cluster: Cluster, request: Request, run_id: str) -> JobInputs:
              *(["--resume-adapter-file", f"{start_dir}/{start.files[0]}"] if start else [])]
     controller_paths = {"hf_dataset": hf_datasets.on_controller(settings.hf_dataset) if hf else None,
             "resume_adapter_file": str(start.root / start.files[0]) if start else None}
-    return JobInputs(steps, placed, flags, controller_paths)
+    return JobInputs(steps, placed, flags, controller_paths, data)
+
+
+def check_test_split(settings: FinetuneConfig, data: shipment.Shipment) -> None:
+    """`test: true` needs a test split to evaluate on: the data folder's test.jsonl (every rank
+    checks so too, but only once everything is sent), or each hf_dataset entry's test_split."""
+    if not settings.test:
+        return
+    refused = run_settings.SettingsError
+    if settings.hf_dataset:
+        if missing := [i + 1 for i, entry in enumerate(hf_datasets.entries(settings.hf_dataset))
+                       if not entry.get("test_split")]:
+            raise refused(f"test: true, and hf_dataset entry {missing[0]} names no test_split to "
+                          "evaluate on: give it one (test_split: test), or leave test out")
+    elif shipment.TEST_SPLIT not in data.files:
+        raise refused(f"test: true, and the data {shown(data.root)} has no {shipment.TEST_SPLIT} to evaluate "
+                      "on: prepare it with a test split (invoke data.prepare ... --test-fraction 0.1), "
+                      "or leave test out")
 
 
 def run_record(cluster: Cluster, request: Request, inventory: str, backend: str, why: str,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxcluster.describe.cluster import Cluster
-from mlxcluster.errors import UserError
+from mlxcluster.errors import UserError, reason
 
 MODES = ("data", "tensor")
 
@@ -50,7 +50,8 @@ def problems(cluster: Cluster, model: Path, mode: str, shape: Mapping[str, Any] 
     try:
         config = json.loads(config_file.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as error:
-        return [f"{config_file} cannot be read ({error}): fetch the model again with invoke model.fetch"]
+        return [f"{config_file} cannot be read ({reason(error)}): fetch the model again with "
+                "invoke model.fetch"]
     if not isinstance(config, dict):
         return [f"{config_file} holds no model configuration: fetch the model again with invoke model.fetch"]
     return shard_problems(config, ranks, str(model))

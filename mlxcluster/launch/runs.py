@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from mlxcluster.errors import UserError
+from mlxcluster.errors import UserError, reason
 from mlxcluster.paths import DEFAULT_INVENTORY, REPO, RUNS
 from training.loop.checkpoint_files import newest_whole
 
@@ -72,7 +72,7 @@ def read_info(results: Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise RunError(f"{path} does not exist: {results.name} is not a run of invoke train") from None
     except (OSError, ValueError, RecursionError) as error:
-        raise RunError(f"{path} cannot be read ({' '.join(str(error).split())[:120]}): the run's "
+        raise RunError(f"{path} cannot be read ({reason(error)}): the run's "
                        "record is damaged; start a new run with invoke train") from None
     if not isinstance(info, dict):
         raise RunError(f"{path} holds no run record: start a new run with invoke train")
@@ -236,7 +236,7 @@ def adapters_of(run: Path, flag: str = "--adapter") -> Path:
     try:
         config = json.loads((run / "adapter_config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as error:
-        raise RunError(f"{flag} {run}: adapter_config.json cannot be read ({error})") from None
+        raise RunError(f"{flag} {run}: adapter_config.json cannot be read ({reason(error)})") from None
     if not isinstance(config, dict) or not ({"num_layers", "lora_parameters"} <= config.keys()
                                             or config.get("fine_tune_type") == "full"):
         raise RunError(f"{flag} {run}: adapter_config.json lacks num_layers and lora_parameters, "

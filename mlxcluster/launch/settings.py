@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from mlxcluster.errors import UserError
+from mlxcluster.errors import UserError, shown
 from training.command_line import build_parser, cli_values
 from training.config import (
     DEFAULT_CONFIG,
@@ -103,7 +103,7 @@ def paths_in(config: Path | None) -> dict[str, str]:
     for key in ("model", "data"):
         value = values.get(key)
         if value is not None and not isinstance(value, str):
-            raise SettingsError(f"{config}: {key} must be a folder or a Hugging Face id, got {value!r}")
+            raise SettingsError(f"{config}: {key} must be a folder or a Hugging Face id, got {shown(value)}")
         if value:
             found[key] = value
     return found

@@ -11,6 +11,7 @@ on every rank.
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -38,23 +39,53 @@ def settings_of(name: str) -> list[str]:
     return [p for p in signature.parameters if p not in ("self", "learning_rate")]
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _kind_problem(default: Any, value: Any) -> str | None:
+    """What is wrong with `value` for a setting whose default is `default` (None when nothing): the
+    constructors keep any value, and a wrong kind fails only at the first update, on every rank."""
+    if isinstance(default, bool):
+        return None if isinstance(value, bool) else "must be true or false"
+    if isinstance(default, int):
+        return None if isinstance(value, int) and not isinstance(value, bool) else "must be a whole number"
+    if isinstance(default, float):
+        return None if _is_number(value) else "must be a finite number"
+    if isinstance(default, (list, tuple)):
+        fits = isinstance(value, (list, tuple)) and len(value) == len(default) and all(map(_is_number, value))
+        return None if fits else f"must be a list of {len(default)} finite numbers"
+    if default is None:
+        return None if value is None or _is_number(value) else "must be a finite number or null"
+    return None
+
+
 def _optimizer_problems(config: FinetuneConfig) -> list[str]:
     problems = []
     for name, settings in config.optimizer_config.items():
         if name not in CLASSES:
             continue  # the config's own checks name it
         known = settings_of(name)
-        for key in settings:
+        defaults = {p.name: p.default for p in inspect.signature(CLASSES[name].__init__).parameters.values()}
+        for key, value in settings.items():
             if key not in known:
                 problems.append(f"optimizer_config.{name} has no setting {key!r}; {name} takes "
                                 f"{', '.join(known)}")
+            elif why := _kind_problem(defaults[key], value):
+                problems.append(f"optimizer_config.{name}.{key} {why}, got {_short(value)}")
     name = config.optimizer
-    if name in CLASSES and not any(p.startswith(f"optimizer_config.{name} ") for p in problems):
+    if name in CLASSES and not any(p.startswith((f"optimizer_config.{name} ", f"optimizer_config.{name}."))
+                                     for p in problems):
         try:
             CLASSES[name](learning_rate=config.learning_rate, **config.optimizer_config.get(name, {}))
         except (TypeError, ValueError) as error:
             problems.append(f"optimizer_config.{name}: {error}")
     return problems
+
+
+def _short(value: Any) -> str:
+    text = repr(value) if isinstance(value, (str, int, float, bool, type(None))) else type(value).__name__
+    return text if len(text) <= 60 else f"{text[:57]}..."
 
 
 def _schedule_problems(schedule: Any) -> list[str]:

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
 
 from mlxcluster.describe.cluster import Cluster, Recorded
 from mlxcluster.errors import UserError
-from mlxcluster.jobs import serve
+from mlxcluster.jobs import flags, serve
 from tests.unit import fake_inputs
 from tests.unit.mlxcluster.jobs.test_train import lab_layout
 
@@ -74,15 +75,54 @@ def test_a_data_parallel_run_is_served_by_one_process_on_the_launcher(tmp_path: 
     assert plan(run(tmp_path, "20261125-104", model, "data"), parallel="tensor").cluster.world_size == 2
 
 
-def test_listening_on_a_network_is_warned_about_and_needs_no_tunnel(tmp_path: Path):
+def test_listening_on_a_network_needs_a_key_and_no_tunnel(tmp_path: Path):
     key = tmp_path / "key"
     key.write_text("s3cret\n")
     the_plan = plan(run(tmp_path, "20261125-105", fake_inputs.model("/m/tiny")), host="0.0.0.0",
                     api_key_file=str(key))
     assert the_plan.tunnel is None and the_plan.url == "http://10.77.5.11:8080/v1"
-    assert any(line.startswith("warning: listening on 0.0.0.0") for line in the_plan.notices)
+    assert "listening on 0.0.0.0: whoever reaches node1 on port 8080 with the key can use the API" \
+        in the_plan.notices
     assert "--api-key-file /opt/mlx-cluster/work/serve-20261125-1/key" in the_plan.launch[-1]
     assert [label for label, _ in the_plan.steps if "API key" in label] == ["send the API key to node1"]
+
+
+def test_a_server_on_a_network_without_a_key_is_refused(tmp_path: Path):
+    mine = run(tmp_path, "20261125-109", fake_inputs.model("/m/tiny"))
+    for host in ("0.0.0.0", "::", "10.77.5.11"):
+        with pytest.raises(UserError, match=rf"--host {host}: a server on a network with no --api-key-file "
+                                            "lets anyone who reaches node1 use it: give --api-key-file FILE"):
+            plan(mine, host=host)
+
+
+def test_a_host_the_launcher_does_not_hold_is_refused_before_anything_is_sent(tmp_path: Path):
+    """Asked of the launcher itself (here this machine, through the same shell line as a remote one):
+    a documentation-only address (RFC 5737) is no one's; another loopback address is its own."""
+    layout = lab_layout()
+    venv = Path(sys.executable).parent.parent
+    (tmp_path / "env.sh").write_text(f'export PATH="{venv}/bin:$PATH"\n')
+    layout["nodes"] = [dict(layout["nodes"][0], env_file=str(tmp_path / "env.sh"), venv=str(venv),
+                            connection={"type": "local"})]
+    head = Cluster.from_json(layout).head
+    with pytest.raises(UserError, match=r"--host 192\.0\.2\.7: not an address of node1, the launcher"):
+        serve.check_host(head, "192.0.2.7")
+    serve.check_host(head, "127.0.0.2")
+    serve.check_host(head, "0.0.0.0")
+
+
+@pytest.mark.parametrize(("given", "read"), [("::1", "::1"), ("0.0.0.0", "0.0.0.0"),
+                                             ("localhost", "localhost"), (" 10.0.0.1", "10.0.0.1")])
+def test_host_is_an_address_or_localhost(given: str, read: str):
+    assert flags.address(given, "--host") == read
+
+
+@pytest.mark.parametrize("given", ["node1.local", "10.0.0.256", "0.0.0.0; rm -rf /", ""])
+def test_a_host_that_is_no_address_is_refused(given: str):
+    if not given:
+        assert flags.address(given, "--host") is None
+        return
+    with pytest.raises(UserError, match="give an IP address of the launcher"):
+        flags.address(given, "--host")
 
 
 def test_what_cannot_be_served_is_refused_with_what_to_do(tmp_path: Path):
