@@ -21,7 +21,7 @@ from mlxcluster.lab import cache
 RUFF_TARGETS = ("tasks.py", "bench_tasks.py", "mlxcluster", "training", "tests", "filter_plugins")
 # The slowest tests in the output of every session, CI's included: where its time goes is in its
 # log (docs/tests.md keeps the table).
-DURATIONS = ("--durations=25", "--durations-min=5")
+DURATIONS = ("--durations=80", "--durations-min=5")
 # pytest's exit code when -k selected nothing in a session: the others may hold the tests.
 NO_TESTS = 5
 
@@ -45,13 +45,14 @@ UNCOMPILED = (("MLX_DISABLE_COMPILE", "1"),)
 # Every core, the labs side by side: each lab's tests stay whole, in their order, on one worker (the
 # cluster lab, the training lab, the stand-in Macs, the molecule scenarios: tests/labs.py, scheduled
 # by tests/conftest.py's LabScheduling for --dist=loadgroup), the labs first, in collection order (no
-# reordering by size); the unit tests are one more group, one at a time (local rings share ports).
+# reordering by size); each unit module a group of its own, on whichever worker is free (the local
+# rings some start take ports of their worker's own: tests/unit/rings.py).
 # One after another, the lab tests left a third of two cores idle, waiting on ansible, sshd and
 # ranks, and took 53 minutes of CI's 79.
 EVERY_CORE = ("--numprocesses=auto", "--dist=loadgroup", "--no-loadscope-reorder")
 
 SESSIONS = (Session("every", ("tests/cluster", "tests/contract", "tests/unit", *EVERY_CORE), env=UNCOMPILED),)
-UNIT = Session("unit", ("tests/unit",), env=UNCOMPILED)
+UNIT = Session("unit", ("tests/unit", *EVERY_CORE), env=UNCOMPILED)
 
 
 def lint() -> None:

@@ -89,7 +89,7 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
 
 class LabScheduling(LoadScopeScheduling):
     """pytest-xdist's scheduling by scope, each group of tests one scope (tests/labs.py: each lab's,
-    and the unit tests') and any other test a scope of its own: a group stays whole, in its order,
+    and each unit module) and any other test a scope of its own: a group stays whole, in its order,
     on one worker. xdist's own `--dist loadgroup` does this from
     xdist_group marks by renaming each test, which pytest 9 no longer lets it do."""
 

@@ -10,9 +10,10 @@ tests/cluster not named runs on the cluster lab after them, in file order):
   for good last.
 The stand-in Macs (tests/contract) and the molecule scenarios have labs of their own. Each group's
 tests share a lab, so they stay together on one worker, in their order, and the groups run side by
-side (LabScheduling in tests/conftest.py). The unit tests are one group too: several of them start
-ranks on this machine with mlx.launch's ring, whose ports two such tests at once share (measured:
-connections reset, and a rank stopped before it said why), so they run one at a time, beside the labs.
+side (LabScheduling in tests/conftest.py). A unit test module is a group of its own: its module
+fixtures (a reference run trained once) are made on one worker, and the modules spread over the
+workers the labs leave free. Those that start ranks here on mlx.launch's ring take ports of their
+worker's own (tests/unit/rings.py): two on the same ports reset each other's connections.
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ MOLECULE_MODULE = "test_molecule.py"
 
 
 def group_of(nodeid: str) -> str | None:
-    """The group of a test by its node id (tests/<folder>/<module>::...): its lab's, or the unit
-    tests'; None for a test outside them."""
-    parts = PurePosixPath(nodeid.split("::")[0]).parts
+    """The group of a test by its node id (tests/<folder>/<module>::...): its lab's, or for a unit
+    test its module's; None for a test outside them."""
+    module_path = nodeid.split("::")[0]
+    parts = PurePosixPath(module_path).parts
     if len(parts) >= 2 and parts[:2] == ("tests", "unit"):
-        return "unit"
+        return module_path
     if len(parts) != 3 or parts[0] != "tests":
         return None
     folder, module = parts[1], parts[2]

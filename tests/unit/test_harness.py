@@ -86,9 +86,10 @@ def test_a_recap_gives_what_each_host_did():
     assert run.stats["node2"]["unreachable"] == 1
 
 
-def test_each_lab_s_tests_are_one_group_on_one_worker_and_the_unit_tests_one_more():
+def test_each_lab_s_tests_are_one_group_on_one_worker_and_each_unit_module_one():
     """invoke test keeps each lab's tests whole on one pytest-xdist worker (tests/labs.py): a lab
-    module in no group, or in two, would have two workers bring up the same lab under each other."""
+    module in no group, or in two, would have two workers bring up the same lab under each other; a
+    unit module split over two would make its module fixtures twice."""
     from tests import labs
 
     assert labs.group_of("tests/cluster/test_site.py::test_each_node_has_the_hostfiles[1]") == "cluster"
@@ -96,8 +97,23 @@ def test_each_lab_s_tests_are_one_group_on_one_worker_and_the_unit_tests_one_mor
     assert labs.group_of("tests/cluster/test_molecule.py::test_molecule_scenario_passes[macos-default]") \
         == "molecule"
     assert labs.group_of("tests/contract/test_darwin_contract.py::test_every_run") == "contract"
-    assert labs.group_of("tests/unit/training/test_finetune.py::test_x") == "unit"
-    assert labs.group_of("tests/unit/test_harness.py::test_x") == "unit"
+    unit = "tests/unit/training/test_finetune.py"
+    assert labs.group_of(f"{unit}::test_x[a]") == labs.group_of(f"{unit}::test_y") == unit
+    assert labs.group_of("tests/unit/test_harness.py::test_x") == "tests/unit/test_harness.py"
     modules = sorted(p.name for p in (REPO / "tests" / "cluster").glob("test_*.py"))
     placed = [m for lab in labs.LABS.values() for m in lab] + [labs.MOLECULE_MODULE]
     assert sorted(placed) == modules
+
+
+def test_each_worker_s_local_rings_listen_on_ports_of_its_own(monkeypatch):
+    """Two unit modules that start ring ranks here run side by side on two workers: their ports differ,
+    and stay below Linux's ephemeral range (tests/unit/rings.py)."""
+    from tests.unit import rings
+
+    firsts = []
+    for worker in ("gw0", "gw1", "gw2"):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        words = rings.launch(3)
+        firsts.append(int(words[words.index("--starting-port") + 1]))
+        assert words[-1] == "--" and words[words.index("-n") + 1] == "3"
+    assert len(set(firsts)) == 3 and max(firsts) + rings.PORTS_PER_WORKER <= 32768

@@ -35,6 +35,7 @@ import pytest
 import yaml
 from mlx_lm.models import llama
 
+from tests.unit import rings
 from tests.unit.training.test_finetune import REPO
 from tests.unit.training.test_shares_training import adapters
 from training import config as training_config
@@ -225,7 +226,7 @@ def runs(uneven_run: Path) -> Runs:
     stock = Background([sys.executable, "-c", STOCK,
                         *(a for n in CONFIGS for a in (str(root / f"{n}.yaml"), str(root / f"stock-{n}")))],
                        root / "stock.log", cwd=root)
-    launch = [str(Path(sys.executable).parent / "mlx.launch"), "--backend", "ring", "-n", "2", "--"]
+    launch = rings.launch(2)
     ranks = Background([*launch, sys.executable, "-c", RANKS,
                         *(a for n in CONFIGS for a in (str(root / f"{n}.yaml"), str(root / f"two-{n}"),
                                                        " ".join([*RANK_FLAGS, *RANK_EXTRA.get(n, [])])))],

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests.unit import rings
 from training import distributed as td
 
 
@@ -111,7 +112,7 @@ def test_the_weight_check_across_two_real_ranks_finds_weights_that_differ(tmp_pa
 
     script = tmp_path / "spread.py"
     script.write_text(SPREAD)
-    launch = [str(Path(sys.executable).parent / "mlx.launch"), "--backend", "ring", "-n", "2", "--"]
+    launch = rings.launch(2)
     result = run_launcher([*launch, sys.executable, str(script)], timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     found = sorted((json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")),

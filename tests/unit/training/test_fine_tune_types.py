@@ -19,6 +19,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm import load
 
+from tests.unit import rings
 from tests.unit.training.test_finetune import interrupted_copy, run_launcher
 from tests.unit.training.test_shares_training import adapters, max_difference
 from training import finetune as ft
@@ -80,7 +81,7 @@ def test_one_process_trains_the_weights_stock_mlx_lm_lora_trains(runs: Path, kin
 
 @pytest.mark.parametrize("kind", ["dora", "full"])  # lora: tests/unit/training/test_shares_training.py
 def test_two_ranks_with_shares_and_micro_batches_train_one_process_s_weights(runs: Path, kind: str):
-    launch = [str(Path(sys.executable).parent / "mlx.launch"), "--backend", "ring", "-n", "2", "--"]
+    launch = rings.launch(2)
     out = runs / f"two-{kind}"
     command = [*launch, sys.executable, "-m", "training.finetune",
                *args(runs, out, "--fine-tune-type", kind, "--expected-world-size", "2",
@@ -118,7 +119,7 @@ def test_gradient_accumulation_composes_with_shares_and_micro_batches_on_two_ran
     one = root / "accumulating-one"
     ours(root, one, *settings)
     two = root / "accumulating-two"
-    launch = [str(Path(sys.executable).parent / "mlx.launch"), "--backend", "ring", "-n", "2", "--"]
+    launch = rings.launch(2)
     result = run_launcher([*launch, sys.executable, "-m", "training.finetune",
                            *args(root, two, *settings, "--expected-world-size", "2", "--batch-shares", "3,1",
                                  "--max-micro-batch", "2,0")], timeout=240)
@@ -207,7 +208,7 @@ def test_report_to_wandb_logs_the_run_s_reports_from_rank_0_only(runs: Path, off
     from tests.unit.training.loop.test_reporting import wandb_history
     from training.loop import report
 
-    launch = [str(Path(sys.executable).parent / "mlx.launch"), "--backend", "ring", "-n", "2", "--"]
+    launch = rings.launch(2)
     out = runs / "reported"
     result = run_launcher([*launch, sys.executable, "-m", "training.finetune",
                            *args(runs, out, "--expected-world-size", "2", "--report-to", "wandb")],

@@ -18,6 +18,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm import load
 
+from tests.unit import rings
 from tests.unit.training.model.test_folder import tiny_model
 from tests.unit.training.test_distributed import FakeGroup
 from training import config as tc
@@ -178,7 +179,7 @@ def run_launcher(command: list[str], timeout: float) -> subprocess.CompletedProc
 
 def test_two_ranks_train_the_same_adapters_as_one_process(tiny_run: dict[str, Any]):
     root = tiny_run["root"]
-    launch = [str(Path(sys.executable).parent / "mlx.launch"), "--backend", "ring", "-n", "2", "--"]
+    launch = rings.launch(2)
     args = training_args(root / "model", root / "data", root / "two", "--expected-world-size", "2")
     result = run_launcher([*launch, sys.executable, "-m", "training.finetune", *args], timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -206,7 +207,7 @@ def test_two_ranks_train_the_same_adapters_as_one_process(tiny_run: dict[str, An
 
 def test_a_launch_with_fewer_ranks_than_expected_stops_every_rank(tiny_run: dict[str, Any]):
     root = tiny_run["root"]
-    launch = [str(Path(sys.executable).parent / "mlx.launch"), "--backend", "ring", "-n", "2", "--"]
+    launch = rings.launch(2)
     args = training_args(root / "model", root / "data", root / "three", "--expected-world-size", "3")
     result = run_launcher([*launch, sys.executable, "-m", "training.finetune", *args], timeout=120)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit import rings
 from tests.unit.training.test_finetune import interrupted_copy, run_launcher, training_args
 from tests.unit.training.test_shares_training import adapters, max_difference, uneven_baseline
 from training import finetune as ft
@@ -32,7 +33,7 @@ def summary(run: Path) -> dict:
 
 def test_two_ranks_at_3_to_1_in_micro_batches_one_dequantizing_train_one_process_s_adapters(qlora_run: Path):
     root = qlora_run
-    launch = [str(Path(sys.executable).parent / "mlx.launch"), "--backend", "ring", "-n", "2", "--"]
+    launch = rings.launch(2)
     # Rank 0 runs its 3 examples as 2 + 1 on the packed weights; rank 1 its 1 on float weights.
     extra = ["--expected-world-size", "2", "--batch-shares", "3,1", "--max-micro-batch", "2,1"]
     args = training_args(root / "model", root / "data", root / "two", *extra, "--dequantize-ranks", "1")

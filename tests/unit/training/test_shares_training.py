@@ -14,6 +14,7 @@ from typing import Any
 import mlx.core as mx
 import pytest
 
+from tests.unit import rings
 from tests.unit.training.model.test_folder import tiny_model
 from tests.unit.training.test_finetune import run_launcher, training_args
 from training import finetune as ft
@@ -67,7 +68,7 @@ def losses(run: Path, key: str) -> list[float]:
 
 def test_two_ranks_with_shares_3_to_1_train_the_adapters_of_one_process(uneven_run: Path):
     root = uneven_run
-    launch = [str(Path(sys.executable).parent / "mlx.launch"), "--backend", "ring", "-n", "2", "--"]
+    launch = rings.launch(2)
     args = training_args(root / "model", root / "data", root / "shares", "--expected-world-size", "2",
                          "--batch-shares", "3,1")
     result = run_launcher([*launch, sys.executable, "-m", "training.finetune", *args], timeout=180)
@@ -117,7 +118,7 @@ def test_micro_batches_train_the_adapters_of_the_whole_batch_at_once(uneven_run:
 
 def test_shares_and_micro_batches_together_on_two_ranks(uneven_run: Path):
     root = uneven_run
-    launch = [str(Path(sys.executable).parent / "mlx.launch"), "--backend", "ring", "-n", "2", "--"]
+    launch = rings.launch(2)
     # Rank 1 holds one example at a time: its 1 example in the first micro-batch, none in the
     # second, while rank 0 runs its 3 as 2 + 1.
     args = training_args(root / "model", root / "data", root / "both", "--expected-world-size", "2",

@@ -16,6 +16,7 @@ from rich.console import Console
 from mlxcluster.bench import links
 from mlxcluster.describe.cluster import Cluster
 from mlxcluster.launch import builder, sync
+from tests.unit import rings
 from training.tools import link_bench
 
 REPO = Path(__file__).resolve().parents[4]
@@ -255,7 +256,7 @@ def test_two_ranks_on_one_host_are_refused():
 
 
 def launch_two_ranks(*args: str) -> subprocess.CompletedProcess:
-    launch = [str(Path(sys.executable).parent / "mlx.launch"), "--backend", "ring", "-n", "2", "--"]
+    launch = rings.launch(2)
     return subprocess.run([*launch, sys.executable, "-m", "training.tools.link_bench", *args],
                           cwd=REPO, capture_output=True, text=True, timeout=180,
                           stdin=subprocess.DEVNULL)  # mlx.launch makes its stdin non-blocking

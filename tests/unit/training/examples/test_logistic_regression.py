@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.unit import rings
 from training.examples import logistic_regression as lr
 
 REPO = Path(__file__).resolve().parents[4]
@@ -30,7 +31,7 @@ def test_one_process_learns_or():
 def test_two_ranks_end_with_the_weights_of_one_process():
     single = json.loads(subprocess.run([sys.executable, *MODULE, "--copies", "3"], cwd=REPO,
                                        capture_output=True, text=True, check=True).stdout)
-    launch = [str(Path(sys.executable).parent / "mlx.launch"), "--backend", "ring", "-n", "2", "--"]
+    launch = rings.launch(2)
     result = subprocess.run([*launch, sys.executable, *MODULE, "--copies", "3"], cwd=REPO,
                             capture_output=True, text=True, timeout=120,
                             stdin=subprocess.DEVNULL)  # mlx.launch makes its stdin non-blocking

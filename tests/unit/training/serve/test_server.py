@@ -21,6 +21,7 @@ import openai
 import pytest
 from mlx_lm import load, stream_generate
 
+from tests.unit import rings
 from training.model import stand_in
 from training.serve import READY
 from training.serve import adapters as served_adapters
@@ -90,8 +91,7 @@ def start(root: Path, ranks: int, *extra: str) -> Server:
     program = [sys.executable, "-m", "training.serve", "--model", str(root / "model"), "--port", str(port),
                *[f"--adapter={name}={root / name}" for name in ADAPTERS], *extra]
     if ranks > 1:
-        launcher = [str(Path(sys.executable).parent / "mlx.launch"), "--backend", "ring", "-n", str(ranks)]
-        program = [*launcher, "--", *program, "--expected-world-size", str(ranks)]
+        program = [*rings.launch(ranks), *program, "--expected-world-size", str(ranks)]
     log = root / f"server-{ranks}-{port}.log"
     with log.open("w") as out:  # the server writes on; this process's copy closes
         # No stdin: mlx.launch would set a shared one non-blocking (ansible-playbook, later, refuses it).

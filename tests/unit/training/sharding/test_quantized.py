@@ -19,6 +19,7 @@ from mlx_lm import load
 
 from mlxcluster.errors import UserError
 from mlxcluster.launch import parallel
+from tests.unit import rings
 from tests.unit.training.sharding.test_tensor_parallel import single_run
 from tests.unit.training.test_finetune import run_launcher, training_args
 from tests.unit.training.test_shares_training import adapters, losses, max_difference, uneven_inputs
@@ -34,7 +35,7 @@ SETTINGS = ("--lora-dropout", "0.3")
 def ranks_run(root: Path, out: str, ranks: int, *extra: str, parallel: str = "tensor") -> None:
     args = training_args(root / "model", root / "data", root / out, "--expected-world-size", str(ranks),
                          "--parallel", parallel, *extra)
-    launch = [str(Path(sys.executable).parent / "mlx.launch"), "--backend", "ring", "-n", str(ranks), "--"]
+    launch = rings.launch(ranks)
     result = run_launcher([*launch, sys.executable, "-m", "training.finetune", *args], timeout=240)
     assert (root / out / "adapters.safetensors").is_file(), result.stdout + result.stderr
 

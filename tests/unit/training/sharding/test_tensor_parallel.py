@@ -20,6 +20,7 @@ from mlx_lm import generate, load
 
 from mlxcluster.errors import UserError
 from mlxcluster.launch import parallel
+from tests.unit import rings
 from tests.unit.training.model.test_folder import tiny_model
 from tests.unit.training.test_finetune import run_launcher, training_args
 from tests.unit.training.test_shares_training import adapters, losses, max_difference
@@ -27,7 +28,7 @@ from training import finetune as ft
 from training.sharding.parts import bounds
 from training.sharding.tensor_parallel import shard_problems
 
-RING = [str(Path(sys.executable).parent / "mlx.launch"), "--backend", "ring", "-n", "2", "--"]
+RING = rings.launch(2)
 
 
 def tensor_run(root: Path, out: str, *extra: str) -> str:
