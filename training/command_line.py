@@ -15,7 +15,8 @@ from typing import Any
 
 import yaml
 
-from training.config import CONFIG_KEYS, DEFAULTS, KEY_TYPES, ConfigLoader, FinetuneConfig, parse_size
+from training.config import CONFIG_KEYS, DEFAULTS, KEY_TYPES, FinetuneConfig, parse_size
+from training.config_file import ConfigLoader
 
 
 def _positive_int(text: str) -> int:

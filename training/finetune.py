@@ -41,11 +41,11 @@ from training.config import (
     adapter_config,
     batch_plan,
     check_inputs,
-    load_config_file,
     merge_config,
     older_names_said,
     validate_config,
 )
+from training.config_file import load_config_file
 from training.data.batches import SharedBatches, summed_loss_with
 from training.distributed import (
     DistributedError,

@@ -23,11 +23,11 @@ from training.config import (
     DEFAULT_CONFIG,
     ConfigError,
     FinetuneConfig,
-    load_config_file,
     merge_config,
     older_names_said,
     validate_config,
 )
+from training.config_file import load_config_file
 
 # Flags of the training entry point that the controller sets for every run, and why.
 RESERVED = {

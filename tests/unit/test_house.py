@@ -147,6 +147,7 @@ def test_the_readme_names_every_room():
 # they are: the tests of a module that uses them or that they run (its path: it has tests of its
 # own and names this one), or a test file that names them or a module that runs them (tests/...).
 TESTED_THROUGH = {
+    "training/config_file.py": "tests/unit/training/test_config.py",
     "mlxcluster/local.py": "mlxcluster/provision/ansible.py",
     "mlxcluster/paths.py": "tests/unit/mlxcluster/jobs/test_everywhere.py",
     "mlxcluster/describe/addresses.py": "mlxcluster/describe/record.py",

@@ -10,6 +10,7 @@ from mlx_lm.tuner.utils import build_schedule
 
 from training import config as tc
 from training.command_line import build_parser, cli_values
+from training.config_file import load_config_file
 
 # The demo's model and data (invoke train's defaults), mlx-lm's data keys the demo has no use for,
 # and the settings file's own name.
@@ -19,7 +20,7 @@ NOT_IN_THE_DEMO = {"model", "data", "config", "training_mode", "hf_dataset", "pr
 
 def test_shipped_lora_yaml_gives_every_key_a_comment_and_trains_as_it_is():
     text = tc.DEFAULT_CONFIG.read_text()
-    values = tc.load_config_file(tc.DEFAULT_CONFIG)
+    values = load_config_file(tc.DEFAULT_CONFIG)
     assert set(values) == set(tc.CONFIG_KEYS) - NOT_IN_THE_DEMO
     assert tc.config_problems(tc.merge_config(values, {})) == []
     lines = text.splitlines()

@@ -24,6 +24,7 @@ from tests.unit.training.test_distributed import FakeGroup
 from training import config as tc
 from training import finetune as ft
 from training import loading
+from training.config_file import load_config_file
 from training.loop import report
 
 REPO = Path(__file__).resolve().parents[3]
@@ -128,7 +129,7 @@ def test_single_process_training_lowers_the_loss_and_leaves_every_output(tiny_ru
     )
 
     # config.yaml runs the same again; adapter_config.json is what mlx-lm needs to load the adapters.
-    again = tc.merge_config(tc.load_config_file(out / "config.yaml"), {})
+    again = tc.merge_config(load_config_file(out / "config.yaml"), {})
     assert (again.iters, again.seed, again.learning_rate, again.adapter_path) == (10, 3, 1e-3, str(out))
     adapter_config = json.loads((out / "adapter_config.json").read_text())
     assert adapter_config["lora_parameters"] == {"rank": 8, "scale": 20.0, "dropout": 0.0}

@@ -16,6 +16,7 @@ from mlx_lm import lora
 
 from training import config as tc
 from training.command_line import build_parser, cli_values
+from training.config_file import load_config_file
 
 LORA_MD = Path(mlx_lm.__file__).parent / "LORA.md"
 # mlx-lm's own example config for `mlx_lm lora --config`, verbatim (ml-explore/mlx-lm,
@@ -44,7 +45,7 @@ def test_every_key_of_mlx_lm_s_config_is_a_key_here_with_mlx_lm_s_default():
 def test_a_config_file_with_every_key_of_mlx_lm_trains_unchanged(tmp_path: Path):
     values = dict(lora.CONFIG_DEFAULTS) | {"train": True}
     (tmp_path / "every.yaml").write_text(yaml.safe_dump(values))
-    config = tc.merge_config(tc.load_config_file(tmp_path / "every.yaml"), {}, source="every.yaml")
+    config = tc.merge_config(load_config_file(tmp_path / "every.yaml"), {}, source="every.yaml")
     assert tc.config_problems(config) == []
     for key, value in values.items():
         assert getattr(config, key) == value, key
@@ -52,7 +53,7 @@ def test_a_config_file_with_every_key_of_mlx_lm_trains_unchanged(tmp_path: Path)
 
 def test_mlx_lm_s_own_example_config_trains_unchanged_with_its_commented_blocks_too(tmp_path: Path):
     text = EXAMPLE.read_text()
-    config = tc.merge_config(tc.load_config_file(EXAMPLE), {}, source=str(EXAMPLE))
+    config = tc.merge_config(load_config_file(EXAMPLE), {}, source=str(EXAMPLE))
     assert tc.config_problems(config) == []
     assert (config.optimizer, config.learning_rate, config.test_batches) == ("adamw", 1e-5, 100)
     assert config.lora_parameters["keys"] == ["self_attn.q_proj", "self_attn.v_proj"]
@@ -60,7 +61,7 @@ def test_mlx_lm_s_own_example_config_trains_unchanged_with_its_commented_blocks_
     switched_on = re.sub(r"^#( ?)(optimizer_config:|  |lr_schedule:)", r"\2", text.split("#hf_dataset")[0],
                          flags=re.MULTILINE)
     (tmp_path / "on.yaml").write_text(switched_on)
-    config = tc.merge_config(tc.load_config_file(tmp_path / "on.yaml"), {})
+    config = tc.merge_config(load_config_file(tmp_path / "on.yaml"), {})
     assert config.optimizer_config["adamw"] == {"betas": [0.9, 0.98], "eps": 1e-6, "weight_decay": 0.05,
                                                 "bias_correction": True}
     assert config.lr_schedule == {"name": "cosine_decay", "warmup": 100, "warmup_init": 1e-7,
@@ -71,7 +72,7 @@ def test_mlx_lm_s_own_example_config_trains_unchanged_with_its_commented_blocks_
 def test_numbers_are_read_as_mlx_lm_reads_them(tmp_path: Path):
     text = "learning_rate: 1e-5\nlr_schedule:\n  name: cosine_decay\n  arguments: [1e-5, 1000, 1e-7]\n"
     (tmp_path / "c.yaml").write_text(text)
-    ours = tc.load_config_file(tmp_path / "c.yaml")
+    ours = load_config_file(tmp_path / "c.yaml")
     assert ours == yaml.load(text, lora.yaml_loader)
     assert ours["lr_schedule"]["arguments"] == [1e-5, 1000, 1e-7]
 

@@ -19,7 +19,8 @@ from mlxcluster.bench import overhead, results
 from mlxcluster.errors import UserError
 from mlxcluster.launch import sync
 from tests.unit.training.model.test_folder import tiny_model
-from training.config import load_config_file, older_names_said
+from training.config import older_names_said
+from training.config_file import load_config_file
 from training.data.prepare import prepare
 
 REPO = Path(__file__).resolve().parents[4]
