@@ -4,6 +4,9 @@ each session's output is in the run's output; together the sessions hold every t
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,3 +55,23 @@ def test_the_sessions_together_hold_every_test_once():
     assert sorted(Path(a).parts[1] for a in held if len(Path(a).parts) == 2) == folders
     # What one session ignores, another runs.
     assert all(path in held for path in ignored)
+
+
+def test_the_tests_train_with_debian_s_openblas_one_thread_per_process_where_it_is_installed(tmp_path):
+    """The mlx wheel's own BLAS is the reference one (a float training step of the tiny model: 0.44 s,
+    against 0.045 s with OpenBLAS). bin/setup installs OpenBLAS; CI (MLX_LAB_REQUIRED=1) must have it."""
+    if os.environ.get("MLX_LAB_REQUIRED") == "1":
+        assert devtools.OPENBLAS.is_file(), f"bin/setup installs {devtools.OPENBLAS}: it is missing"
+    if not devtools.OPENBLAS.is_file():
+        assert devtools.fast_blas() == ()
+        return
+    for session in (*devtools.SESSIONS, devtools.UNIT):
+        env = dict(session.env)
+        assert env["LD_PRELOAD"].split(":")[0] == str(devtools.OPENBLAS)
+        assert env["OPENBLAS_NUM_THREADS"] == "1"
+    # With that environment, MLX's matmuls run in OpenBLAS (training.distributed reads /proc/self/maps).
+    probe = ("import mlx.core as mx; mx.eval(mx.ones((64, 64)) @ mx.ones((64, 64))); "
+             "from training.distributed import openblas_loaded; print(openblas_loaded())")
+    shown = subprocess.run([sys.executable, "-c", probe], cwd=devtools.paths.REPO, capture_output=True,
+                           text=True, env={**os.environ, **dict(devtools.fast_blas())}, check=True).stdout
+    assert shown.strip() == "True"
