@@ -69,7 +69,7 @@ def topology(c, inventory=None, output=None):
 @task(help=helps("inventory", model="Model directory whose size memory and disk are checked against "
                                    "(default: the provisioned model, else the embedded SmolLM2 when fetched)",
                  json="Print the checks as JSON instead of tables",
-                 parallel="Check memory as a data (default) or tensor run would hold the model"))
+                 parallel="Check memory as a data (default), tensor or pipeline run would hold the model"))
 def doctor(c, inventory=None, model=None, json_=False, parallel="data"):
     """Check the whole cluster, node by node and pair by pair: red checks say how to fix them."""
     checkup.run(recorded(_inventory(c, inventory), ready=False), model, as_json=json_, parallel=parallel)
@@ -113,8 +113,8 @@ def model_fetch(c, source=inputs.DEFAULT_MODEL, output=None, dtype=None, dequant
     backend="auto (default: jaccl on a full mesh of cables with RDMA, then jaccl-ring, ring, "
             "mpi on a bridge; says why), mpi, ring, jaccl or jaccl-ring",
     btl_tcp_links=whole("TCP connections per peer for Open MPI (btl_tcp_links)", None, 1, 64),
-    parallel=choice("data (default: a whole model per rank) or tensor (each rank a shard of the model)",
-                    MODES),
+    parallel=choice("data (default: a whole model per rank), tensor (each rank a shard of every layer) "
+                    "or pipeline (each rank a stage of whole layers)", MODES),
     resume="Continue an interrupted run from its latest checkpoint: --resume (the latest "
            "unfinished run in runs/) or --resume=RUN_ID; its data, model and settings are kept",
     max_restarts=whole("After a node's fault (killed, frozen, lost), leave it out and restart from the "

@@ -35,7 +35,7 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "lora.yaml"
 FINE_TUNE_TYPES = ("lora", "dora", "full")
 OPTIMIZERS = ("adam", "adamw", "muon", "sgd", "adafactor")
 REPORTERS = ("wandb", "swanlab")
-PARALLEL_MODES = ("data", "tensor")
+PARALLEL_MODES = ("data", "tensor", "pipeline")
 LORA_PARAMETERS = {"rank": 8, "dropout": 0.0, "scale": 20.0}
 # Integers beyond this are no step count, seed or size a run can use (and some cannot be printed).
 LARGEST_INT = 10**18
@@ -103,7 +103,17 @@ class FinetuneConfig:
     parallel: str = field(
         default="data",
         metadata=_help("data: every rank holds the whole model and trains on its share of each batch; "
-                       "tensor: every rank holds a shard of the model and all train on the whole batch"))
+                       "tensor: every rank holds a shard of the model and all train on the whole batch; "
+                       "pipeline: every rank holds a run of whole layers, the batch goes through them in "
+                       "micro-batches"))
+    pipeline_layers: str | None = field(
+        default=None,
+        metadata=_help("parallel pipeline: the layers each rank holds, in rank order, adding up to the "
+                       "model's (e.g. 10,14,6); none: as equal as can be"))
+    pipeline_micro_batches: int = field(
+        default=0,
+        metadata=_help("parallel pipeline: micro-batches each batch goes through the stages in (at most "
+                       "batch_size); 0: twice the stages, or batch_size if fewer"))
     batch_shares: str | None = field(
         default=None,
         metadata=_help("examples of each global batch per rank, in rank order, summing to batch_size "
@@ -128,7 +138,8 @@ class FinetuneConfig:
 
 
 CONFIG_KEYS = tuple(f.name for f in dataclasses.fields(FinetuneConfig))
-PROJECT_KEYS = ("parallel", "batch_shares", "max_micro_batch", "dequantize_ranks", "stall_timeout",
+PROJECT_KEYS = ("parallel", "pipeline_layers", "pipeline_micro_batches", "batch_shares", "max_micro_batch",
+                "dequantize_ranks", "stall_timeout",
                 "save_rank_weights", "save_every_minutes")
 KEY_TYPES = typing.get_type_hints(FinetuneConfig)
 DEFAULTS = FinetuneConfig()
@@ -231,7 +242,7 @@ def _coerce(key: str, value: Any, source: str) -> Any:
             return value
         raise ConfigError(f"{source}: hf_dataset must be a mapping (path, train_split, ...) or a list of "
                           f"them, got {_shown(value)}")
-    if key == "dequantize_ranks" and isinstance(value, list):  # YAML's [0, 2]
+    if key in ("dequantize_ranks", "pipeline_layers") and isinstance(value, list):  # YAML's [0, 2]
         value = ",".join(str(_integer(key, rank, source)) for rank in value)
     if key == "clear_cache_threshold" and isinstance(value, str):
         try:
@@ -347,6 +358,7 @@ def config_problems(config: FinetuneConfig, world_size: int = 1) -> list[str]:
     problems += quantization.rank_problems(config.dequantize_ranks, world_size)
     if config.parallel == "tensor":
         problems += tensor_problems(config, world_size)
+    problems += pipeline_problems(config, world_size)
     if config.batch_size >= 1:
         try:
             batch_plan(config, world_size)
@@ -405,6 +417,44 @@ def tensor_problems(config: FinetuneConfig, world_size: int) -> list[str]:
     return problems
 
 
+def pipeline_problems(config: FinetuneConfig, world_size: int) -> list[str]:
+    """What parallel pipeline is given that it cannot take, said with what to do instead. (Whether the
+    stages fit the model's layers is known once its config is read: training/sharding/pipeline.py.)"""
+    problems = []
+    if config.parallel != "pipeline":
+        for key in ("pipeline_layers", "pipeline_micro_batches"):
+            if getattr(config, key) not in (None, 0):
+                problems.append(f"{key} is for parallel pipeline; this run is parallel {config.parallel}")
+        return problems
+    if world_size < 2:
+        problems.append("parallel pipeline needs at least 2 ranks to hold the stages; one process trains "
+                        "with parallel data")
+    if config.pipeline_micro_batches < 0:
+        problems.append(f"pipeline_micro_batches must be 0 (twice the stages) or more, got "
+                        f"{config.pipeline_micro_batches}")
+    elif config.pipeline_micro_batches > config.batch_size >= 1:
+        problems.append(f"pipeline_micro_batches {config.pipeline_micro_batches} is more than the "
+                        f"{config.batch_size} examples of a batch; use at most {config.batch_size}")
+    if config.pipeline_layers is not None:
+        try:
+            counts = [int(part) for part in str(config.pipeline_layers).split(",")]
+        except ValueError:
+            counts = []
+        if len(counts) != world_size or min(counts, default=0) < 1:
+            problems.append(f"pipeline_layers {config.pipeline_layers}: give {world_size} whole numbers of "
+                            "at least 1, the layers of each rank in rank order (e.g. 10,14,6)")
+    for key in ("batch_shares", "max_micro_batch", "dequantize_ranks"):
+        if getattr(config, key) is not None:
+            problems.append(f"{key} with parallel pipeline: not yet; every stage trains on the whole batch "
+                            "(set pipeline_micro_batches for memory) on the model as loaded")
+    return problems
+
+
+def pipeline_micro_batches(config: FinetuneConfig, world_size: int) -> int:
+    """The micro-batches a pipeline batch goes through the stages in."""
+    return config.pipeline_micro_batches or min(config.batch_size, 2 * world_size)
+
+
 @dataclass(frozen=True)
 class BatchPlan:
     """How each global batch is cut: examples per rank, and micro-batches per rank and iteration."""
@@ -419,9 +469,9 @@ class BatchPlan:
 
 
 def data_ranks(config: FinetuneConfig, world_size: int) -> int:
-    """The ranks that split each batch: all of them in data parallelism; in tensor parallelism every
-    rank computes the whole batch, as one."""
-    return 1 if config.parallel == "tensor" else world_size
+    """The ranks that split each batch: all of them in data parallelism; in tensor and pipeline
+    parallelism every rank computes the whole batch, as one."""
+    return 1 if config.parallel in ("tensor", "pipeline") else world_size
 
 
 def batch_plan(config: FinetuneConfig, world_size: int) -> BatchPlan:

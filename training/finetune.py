@@ -43,6 +43,7 @@ from training.config import (
     check_inputs,
     merge_config,
     older_names_said,
+    pipeline_micro_batches,
     validate_config,
 )
 from training.config_file import load_config_file
@@ -62,7 +63,9 @@ from training.loop.progress import ProgressDisplay, done_line
 from training.loop.reporting import finish_reporting, missing_packages_problem, reporting_callback
 from training.loop.resume import Checkpointer, resume_point
 from training.loop.watchdog import StallWatchdog
-from training.sharding import tensor_parallel
+from training.sharding import pipeline, tensor_parallel
+
+Layout = tensor_parallel.Layout | pipeline.PipelineLayout
 
 # What rank 0 leaves in adapter_path, besides the checkpoints/ directory.
 OUTPUT_FILES = (
@@ -161,17 +164,17 @@ class MicroSteps(trainer.TrainingCallback):
         self.callback.on_val_loss_report(info | {"iteration": info["iteration"] // self.micro})
 
 
-def _averaging(layout: tensor_parallel.Layout) -> Any:
+def _averaging(layout: Layout) -> Any:
     """The gradient averaging for mlx-lm's step. Its own averages across every rank: right when the
-    ranks split the batch, wrong when they hold different shards of the parameters (tensor
-    parallelism), where each rank's gradients are already the whole batch's."""
-    return (lambda gradients: gradients) if layout.tensor else trainer.average_gradients
+    ranks split the batch, wrong when they hold different parts of the parameters (tensor and
+    pipeline parallelism), where each rank's gradients are already the whole batch's."""
+    return (lambda gradients: gradients) if layout.split_parameters else trainer.average_gradients
 
 
 def _keep_final_adapters(loaded: Loaded, group: Any, final_partial: Path) -> None:
-    """Rank 0 puts the trainer's final adapters in place; sharded ones are gathered first (every
-    rank takes part), so that the file is one process's."""
-    if not loaded.layout.tensor:
+    """Rank 0 puts the trainer's final adapters in place; sharded ones (or stages') are gathered first
+    (every rank takes part), so that the file is one process's."""
+    if not loaded.layout.split_parameters:
         if group.rank() == 0:
             os.replace(final_partial, final_partial.parent / "adapters.safetensors")
         return
@@ -199,12 +202,15 @@ def train(
     layout = loaded.layout
     batches = SharedBatches(config.seed, cut.shares, cut.micro_batches, skip=first_step,
                             data_group=layout.data_group)
-    loss = summed_loss_with(layout.cross_entropy, counted=layout.counts_tokens)
+    stages = _pipeline_step(config, layout)
+    loss = stages.loss if stages else summed_loss_with(layout.cross_entropy, counted=layout.counts_tokens)
     args = training_args(config, first_step, final_partial, cut.micro_batches)
-    # mlx-lm's train has no argument for its display or its averaging: both are swapped for the
-    # call (tests/unit/training/test_mlx_lm_seams.py checks the pinned mlx-lm still looks them up).
+    # mlx-lm's train has no argument for its display, its averaging or (pipeline) its gradients: they
+    # are swapped for the call (tests/unit/training/test_mlx_lm_seams.py checks the pinned mlx-lm
+    # still looks them up).
     with _replaced(trainer, "TrainUI", lambda *_, **__: display), \
-            _replaced(trainer, "average_gradients", _averaging(layout)):
+            _replaced(trainer, "average_gradients", _averaging(layout)), \
+            _pipelined(stages, args):
         trainer.train(
             model=loaded.model,
             optimizer=optimizer,
@@ -219,16 +225,42 @@ def train(
     # mlx-lm's last validation runs before the last step: validate the weights it saved.
     if loaded.valid is not None:
         tic = time.perf_counter()
-        val_loss = _evaluate(loaded, loaded.valid, config, args.val_batches, batches, display)
+        val_loss = _evaluate(loaded, loaded.valid, config, args.val_batches, batches, display, loss)
         # The callback counts the trainer's iterations, which start at the resumed step.
         callback.on_val_loss_report({"iteration": config.iters - first_step, "val_loss": val_loss,
                                      "val_time": time.perf_counter() - tic})
     test_loss = None
     if config.test:
         test_loss = _evaluate(loaded, CacheDataset(loaded.test), config,
-                              _batches(config.test_batches, cut.micro_batches), batches, display)
+                              _batches(config.test_batches, cut.micro_batches), batches, display, loss)
         display.print(f"Test loss {test_loss:.3f}, Test ppl {math.exp(test_loss):.3f}.")
     return Trained(batches.trained_tokens, test_loss)
+
+
+def _pipeline_step(config: FinetuneConfig, layout: Layout) -> pipeline.PipelineStep | None:
+    """The stages' step (parallel pipeline), agreed with the neighbours; None in any other mode."""
+    if not isinstance(layout, pipeline.PipelineLayout):
+        return None
+    return pipeline.PipelineStep(layout.stage, layout.group,
+                                 pipeline_micro_batches(config, layout.group.size()))
+
+
+@contextlib.contextmanager
+def _pipelined(stages: pipeline.PipelineStep | None, args: trainer.TrainingArgs) -> Iterator[None]:
+    """mlx-lm's trainer with the stages' step for its `value_and_grad`, uncompiled (the step sends
+    and receives, which a compiled function cannot), and its grad_checkpoint left to the stage's
+    loading, which set it on every layer before the stage's edge layers were made."""
+    if stages is None:
+        yield
+        return
+    args.grad_checkpoint = False
+    mx.disable_compile()
+    try:
+        with _replaced(trainer, "nn", pipeline.TrainerNN(stages)):
+            yield
+    finally:
+        if not os.environ.get("MLX_DISABLE_COMPILE"):  # as this process started
+            mx.enable_compile()
 
 
 @dataclass(frozen=True)
@@ -238,7 +270,7 @@ class Trained:
 
 
 def _evaluate(loaded: Loaded, dataset: Any, config: FinetuneConfig, num_batches: int,
-              batches: SharedBatches, display: ProgressDisplay) -> float:
+              batches: SharedBatches, display: ProgressDisplay, loss: Any) -> float:
     """mlx-lm's evaluate of the trained weights on `dataset`, over this run's ranks and batches."""
     return trainer.evaluate(
         loaded.model,
@@ -246,7 +278,7 @@ def _evaluate(loaded: Loaded, dataset: Any, config: FinetuneConfig, num_batches:
         config.batch_size,
         num_batches,
         max_seq_length=config.max_seq_length,
-        loss=summed_loss_with(loaded.layout.cross_entropy, counted=loaded.layout.counts_tokens),
+        loss=loss,
         iterate_batches=batches,
         clear_cache_threshold=config.clear_cache_threshold,
         progress_callback=display.progressed,

@@ -22,6 +22,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx_lm import load
+from mlx_lm.tuner import trainer
 from mlx_lm.tuner.datasets import CacheDataset
 from mlx_lm.tuner.datasets import load_dataset as mlx_lm_load_dataset
 from mlx_lm.tuner.utils import linear_to_lora_layers, print_trainable_parameters
@@ -30,7 +31,7 @@ from training.config import ConfigError, FinetuneConfig
 from training.loop import checkpoint
 from training.loop.resume import resume_from
 from training.model import quantization
-from training.sharding import tensor_parallel
+from training.sharding import pipeline, tensor_parallel
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class Loaded:
     valid: CacheDataset | None  # None: the data has no validation examples
     test: Any  # the test split (empty unless config.test)
     seconds: float  # how long loading took
-    layout: tensor_parallel.Layout  # how the trainable parameters lie across the ranks
+    layout: tensor_parallel.Layout | pipeline.PipelineLayout  # how the trainable parameters lie across ranks
     base_weights: str = quantization.FLOAT  # what this rank's base weights are: quantization.describe
 
 
@@ -108,6 +109,29 @@ def load_base(config: FinetuneConfig, group: Any) -> tuple[nn.Module, Any, str]:
     return model, tokenizer, base_weights
 
 
+def load_stage(config: FinetuneConfig, group: Any) -> tuple[nn.Module, Any, str, pipeline.PipelineLayout]:
+    """This rank's stage of the model (parallel pipeline: training/sharding/pipeline.py): read lazily,
+    its trainable layers put on the whole model as one process does, then this rank's run of layers
+    kept and read, nothing else; its tokenizer, base weights in a few words, and layout."""
+    trusted = config.trust_remote_code
+    model, tokenizer, model_config = load(config.model, tokenizer_config={"trust_remote_code": trusted},
+                                          trust_remote_code=trusted, return_config=True, lazy=True)
+    if problem := quantization.full_problem(model_config, config.fine_tune_type, group.size(), ()):
+        raise ConfigError(problem)
+    tensor_parallel.check_num_layers(model, config.num_layers)
+    mx.random.seed(config.seed)
+    model.freeze()
+    add_trainable_layers(model, config)
+    owner, _ = pipeline.layers_owner(model)
+    if config.grad_checkpoint:  # every layer of the class, before the stage's edge layers get theirs
+        trainer.grad_checkpoint(owner["layers"][0])
+    counts = [int(c) for c in config.pipeline_layers.split(",")] if config.pipeline_layers else None
+    runs = pipeline.stage_layers(len(owner["layers"]), group.size(), counts=counts)
+    stage = pipeline.make_stage(model, group.rank(), runs)
+    mx.eval([layer.parameters() for layer in owner["layers"]])  # this stage's layers, read now
+    return model, tokenizer, quantization.base_weights(model_config), pipeline.PipelineLayout(group, stage)
+
+
 def load_model_and_data(config: FinetuneConfig, group: Any) -> Loaded:
     """The model with its trainable layers (from resume_adapter_file's weights if given), and the
     data. In tensor parallelism, this rank's shard of the model (training/sharding/tensor_parallel.py)."""
@@ -120,6 +144,8 @@ def load_model_and_data(config: FinetuneConfig, group: Any) -> Loaded:
         model, tokenizer, base_weights = tensor_parallel.load(
             config.model, group, config.num_layers, config.lora_parameters, seed=config.seed,
             dora=config.fine_tune_type == "dora", dequantize_ranks=dequantize_ranks)
+    elif config.parallel == "pipeline":
+        model, tokenizer, base_weights, layout = load_stage(config, group)
     else:
         model, tokenizer, base_weights = load_base(config, group)
         tensor_parallel.check_num_layers(model, config.num_layers)
@@ -130,7 +156,8 @@ def load_model_and_data(config: FinetuneConfig, group: Any) -> Loaded:
     train_set, valid_set, test_set = load_data(config, tokenizer)
     # Tokenized once, on first use, for the training loop and the last validation alike.
     valid = CacheDataset(valid_set) if len(valid_set) else None
-    layout = tensor_parallel.Layout.of(config.parallel, group, model)
+    if config.parallel != "pipeline":
+        layout = tensor_parallel.Layout.of(config.parallel, group, model)
     if config.resume_adapter_file:
         resume_from(model, config.resume_adapter_file, layout)
     print_trainable_parameters(model)

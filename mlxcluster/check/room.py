@@ -4,7 +4,8 @@ Every node keeps the whole model folder on disk, whatever the run. What a node h
 depends on the run:
 
 - a data-parallel rank holds the whole model, a tensor-parallel rank about 1/N of it (its heads,
-  its MLP units and its part of the vocabulary; the norms it shares are small);
+  its MLP units and its part of the vocabulary; the norms it shares are small), a pipeline stage
+  about 1/N too (its run of whole layers);
 - a rank that dequantizes a quantized model (`model_dequantize: true`, `dequantize_ranks`) holds
   its weights in float: several times their size on disk;
 - a node holds what all of its ranks (its slots) hold.
@@ -147,8 +148,11 @@ def need(cluster: Cluster, model: Weights, *, parallel: str = "data",
     model, or 1/N of it under tensor parallelism; float where the rank dequantizes), summed over
     the node's ranks, times MEMORY_FACTOR."""
     world = max(cluster.world_size, 1)
-    tensor = parallel == "tensor" and world > 1
-    share = f"1/{world} of the model" if tensor else "the whole model"
+    # A tensor rank holds 1/N of every layer; a pipeline stage about 1/N of the layers (as equal as
+    # can be by default; its edges also hold the embeddings or the head).
+    split = parallel in ("tensor", "pipeline") and world > 1
+    share = ("the whole model" if not split else f"1/{world} of the model" if parallel == "tensor"
+             else f"a stage of about 1/{world} of the layers")
     dequantizing = set(dequantize_ranks) if model.quantized else set()
     ranks_of: dict[str, list[int]] = {}
     for rank, name in enumerate(cluster.rank_nodes()):
@@ -156,7 +160,7 @@ def need(cluster: Cluster, model: Weights, *, parallel: str = "data",
     memory, held = {}, {}
     for name, ranks in ranks_of.items():
         weights_held = sum(model.dequantized if rank in dequantizing else model.stored for rank in ranks)
-        memory[name] = int((weights_held / world if tensor else weights_held) * MEMORY_FACTOR)
+        memory[name] = int((weights_held / world if split else weights_held) * MEMORY_FACTOR)
         held[name] = _words(len(ranks), share, len(dequantizing.intersection(ranks)))
     return Need(int(model.stored * DISK_FACTOR), memory, held)
 

@@ -407,9 +407,9 @@ def restarted(rec: Recorded, current: Plan, left: Cluster, fault: faults.Fault, 
     assert fault.node is not None and fault.cause is not None
     _, again = resumed(dataclasses.replace(options, resume=current.run_id, config=None, data=None,
                                             model=None))
-    # One rank left of a tensor-parallel run holds the whole model: the same training (every rank
-    # took the whole batch), as one process, if the model fits its node (preflight says).
-    alone = current.request.parallel == "tensor" and left.world_size == 1
+    # One rank left of a tensor- or pipeline-parallel run holds the whole model: the same training
+    # (every rank took the whole batch), as one process, if the model fits its node (preflight says).
+    alone = current.request.parallel in ("tensor", "pipeline") and left.world_size == 1
     # The backend as asked for (auto: the choice for the nodes left), not the one run.json recorded.
     request = request_for(rec, dataclasses.replace(again, backend=options.backend,
                                                    parallel="data" if alone else again.parallel), fetch=False)
@@ -417,7 +417,7 @@ def restarted(rec: Recorded, current: Plan, left: Cluster, fault: faults.Fault, 
     entry = restarts.left_out(rec, current.run_id, fault.node, fault.cause, fault.why)
     print(restarts.restart_line(entry, left, restart, policy), flush=True)
     if alone:
-        print(f"==> {left.training_nodes[0].name} alone holds the whole model: no tensor parallelism "
-              "on one rank", flush=True)
+        print(f"==> {left.training_nodes[0].name} alone holds the whole model: no {current.request.parallel} "
+              "parallelism on one rank", flush=True)
     preflight(the_plan)
     return the_plan

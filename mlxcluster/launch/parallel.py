@@ -1,11 +1,14 @@
-"""How a run splits its work across the ranks: `--parallel data` (the default) or `--parallel tensor`.
+"""How a run splits its work across the ranks: `--parallel data` (the default), `tensor` or `pipeline`.
 
 Data parallelism keeps a whole model on every rank and splits each batch; the largest model a
 cluster can fine-tune is then the largest its smallest Mac holds. Tensor parallelism splits the
 model instead (training/sharding/tensor_parallel.py): every rank holds a shard of each layer and all ranks
-train on the whole batch together. Here the controller refuses, before anything is synced, the
-runs the nodes would refuse after loading: one rank, a model mlx-lm cannot shard, more ranks than
-key-value head groups when the ranks do not divide the model's attention heads.
+train on the whole batch together. Pipeline parallelism (training/sharding/pipeline.py) gives each
+rank a run of whole layers, in rank order (so each stage's neighbours are its ring neighbours), and
+sends the batch through them in micro-batches. Here the controller refuses, before anything is
+synced, the runs the nodes would refuse after loading: one rank, a model mlx-lm cannot shard, more
+ranks than key-value head groups when the ranks do not divide the model's attention heads, more
+stages than layers.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 from mlxcluster.describe.cluster import Cluster
 from mlxcluster.errors import UserError, reason
 
-MODES = ("data", "tensor")
+MODES = ("data", "tensor", "pipeline")
 
 
 def flags(parallel: str | None) -> list[str]:
@@ -26,7 +29,7 @@ def flags(parallel: str | None) -> list[str]:
     if parallel is None:
         return []
     if parallel not in MODES:
-        raise UserError(f"--parallel must be {' or '.join(MODES)}, not {parallel!r}")
+        raise UserError(f"--parallel must be {', '.join(MODES[:-1])} or {MODES[-1]}, not {parallel!r}")
     return ["--parallel", parallel]
 
 
@@ -34,6 +37,8 @@ def problems(cluster: Cluster, model: Path, mode: str, shape: Mapping[str, Any] 
     """Why this cluster cannot train `model` with parallelism `mode` (empty when it can). `shape`:
     the config a model not fetched yet will have (the embedded default's, in a dry run); another
     model not on the controller yet (a hub id) is checked by the nodes."""
+    if mode == "pipeline":
+        return _pipeline_problems(cluster, model, shape)
     if mode != "tensor":
         return []
     # The sharding rules are mlx-lm's (each model's shard()): mlx, mlx-lm and transformers, seconds
@@ -44,28 +49,56 @@ def problems(cluster: Cluster, model: Path, mode: str, shape: Mapping[str, Any] 
     if ranks < 2:
         return ["--parallel tensor splits the model across ranks, and this cluster trains on 1: add "
                 "nodes to the inventory's training group, or train with --parallel data"]
+    config = _model_config(model, shape)
+    if isinstance(config, str):
+        return [config]
+    return shard_problems(config, ranks, str(model)) if config else []
+
+
+def _pipeline_problems(cluster: Cluster, model: Path, shape: Mapping[str, Any] | None) -> list[str]:
+    ranks = cluster.world_size
+    if ranks < 2:
+        return ["--parallel pipeline gives each rank a stage of the model's layers, and this cluster trains "
+                "on 1: add nodes to the inventory's training group, or train with --parallel data"]
+    config = _model_config(model, shape)
+    if isinstance(config, str):
+        return [config]
+    layers = (config or {}).get("num_hidden_layers")
+    if isinstance(layers, int) and ranks > layers:
+        return [f"--parallel pipeline on {ranks} ranks: {model} has {layers} layers, and each stage holds at "
+                f"least one; train on at most {layers} ranks"]
+    return []
+
+
+def _model_config(model: Path, shape: Mapping[str, Any] | None) -> Mapping[str, Any] | str | None:
+    """The model's config.json (`shape` for one not fetched yet; None: not on the controller), or
+    what is wrong with it."""
     config_file = model / "config.json"
     if not config_file.is_file():
-        return shard_problems(shape, ranks, str(model)) if shape else []
+        return shape
     try:
         config = json.loads(config_file.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as error:
-        return [f"{config_file} cannot be read ({reason(error)}): fetch the model again with "
-                "invoke model.fetch"]
+        return (f"{config_file} cannot be read ({reason(error)}): fetch the model again with "
+                "invoke model.fetch")
     if not isinstance(config, dict):
-        return [f"{config_file} holds no model configuration: fetch the model again with invoke model.fetch"]
-    return shard_problems(config, ranks, str(model))
+        return f"{config_file} holds no model configuration: fetch the model again with invoke model.fetch"
+    return config
 
 
 def check(cluster: Cluster, model: Path, mode: str, shape: Mapping[str, Any] | None = None) -> None:
     if found := problems(cluster, model, mode, shape):
-        raise UserError("cannot train with --parallel tensor:\n  " + "\n  ".join(found))
+        raise UserError(f"cannot train with --parallel {mode}:\n  " + "\n  ".join(found))
 
 
 def line(cluster: Cluster, mode: str) -> str | None:
-    """What `invoke train` says of a tensor-parallel run before it starts (None: data parallel)."""
-    if mode != "tensor":
-        return None
+    """What `invoke train` says of a tensor- or pipeline-parallel run before it starts (None: data)."""
     ranks = cluster.world_size
-    return (f"tensor parallel: each of the {ranks} ranks holds 1/{ranks} of every layer's attention "
-            "and MLP (and their LoRA); all train on the whole batch together")
+    if mode == "tensor":
+        return (f"tensor parallel: each of the {ranks} ranks holds 1/{ranks} of every layer's attention "
+                "and MLP (and their LoRA); all train on the whole batch together")
+    if mode == "pipeline":
+        return (f"pipeline parallel: each of the {ranks} ranks holds a stage of whole layers, in rank "
+                "order; each batch goes through the stages in micro-batches (pipeline_layers, "
+                "pipeline_micro_batches)")
+    return None

@@ -299,7 +299,8 @@ def one_process_run(run_dir: Path, model_dir: Path, data_dir: Path, out: Path) -
     the same global batches, nothing split, the reference a run on several ranks must match."""
     settings = yaml.safe_load((run_dir / "config.yaml").read_text())
     settings |= {"model": str(model_dir), "data": str(data_dir), "adapter_path": str(out),
-                 "parallel": "data", "batch_shares": None, "max_micro_batch": None,
+                 "parallel": "data", "pipeline_layers": None, "pipeline_micro_batches": 0,
+                 "batch_shares": None, "max_micro_batch": None,
                  "save_rank_weights": False}
     config = out.with_suffix(".yaml")
     config.write_text(yaml.safe_dump(settings))

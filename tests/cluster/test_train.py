@@ -174,6 +174,27 @@ def test_ring_backend_trains_a_sharded_model_with_mlx_launch_and_the_rendered_ho
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
+def test_pipeline_stages_on_both_nodes_train_one_process_s_adapters_over_mpi(provisioned, tiny_inputs,
+                                                                             tmp_path):
+    # Each node a stage of the tiny llama's layers (one each), the batch in micro-batches through them.
+    model_dir, data_dir = tiny_inputs
+    proc = invoke_train(
+        provisioned, "--parallel", "pipeline", "--model", str(model_dir), "--data", str(data_dir),
+        "--iters", "4", "--batch-size", "4", "--extra",
+        "--steps-per-report 2 --steps-per-eval 4 --val-batches 1 --num-layers -1 --max-seq-length 512 "
+        "--learning-rate 1e-3")
+    run_dir = finished_run(proc)
+    assert "==> pipeline parallel: each of the 2 ranks holds a stage of whole layers" in proc.stdout
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["world_size"] == 2 and summary["parallel"] == "pipeline"
+        reference = one_process_run(run_dir, model_dir, data_dir, tmp_path / "one")
+        difference = assert_trains_as_one_process(run_dir, reference)
+        print(f"2 pipeline stages against 1 process: {difference:.3g}")
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
 def test_two_nodes_each_holding_packed_shards_of_a_4_bit_model_train_one_process_s_qlora(
         provisioned, tiny_quantized_model, tiny_inputs, tmp_path):
     assert_tensor_qlora_is_one_process(provisioned, tiny_quantized_model, tiny_inputs[1], tmp_path / "one", 2)

@@ -374,6 +374,11 @@ class Layout:
         return self.parallel == "tensor"
 
     @property
+    def split_parameters(self) -> bool:
+        """Whether joining the ranks' parameters is a collective (every rank takes part)."""
+        return self.tensor
+
+    @property
     def data_group(self) -> Any:
         """The ranks that split each batch and average their gradients."""
         return OneRank() if self.tensor else self.group

@@ -65,3 +65,12 @@ def test_the_trainer_calls_our_batches_and_callbacks_the_way_they_are_written():
     evaluate = inspect.signature(trainer.evaluate)
     evaluate.bind(None, None, 1, 1, max_seq_length=1, loss=None, iterate_batches=None,
                   progress_callback=None)
+
+
+def test_the_trainer_takes_its_value_and_grad_from_its_nn_global_as_the_pipeline_swaps_it():
+    """A pipeline run swaps the trainer's `nn` for one whose value_and_grad is the stages' step
+    (training/sharding/pipeline.py: TrainerNN), and runs uncompiled: the step sends and receives."""
+    assert "nn" in global_names(trainer.train.__code__)
+    assert re.findall(r"\bnn\.value_and_grad\(([^()]*)\)", SOURCE) == ["model, loss"]
+    assert re.findall(r"\bnn\.(\w+)", SOURCE) == ["value_and_grad"]  # nothing else of nn is looked up
+    assert re.findall(r"\(\*?lvalue, toks\), grad = loss_value_and_grad\(model, \*batch\)", SOURCE)

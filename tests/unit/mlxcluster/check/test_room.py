@@ -70,6 +70,11 @@ def test_each_node_needs_what_its_ranks_hold_whole_or_split_quantized_or_dequant
     assert tensor.memory == {"node1": 1 * GIB, "node2": 2 * GIB}
     assert tensor.held == {"node1": "1/3 of the model on 2 ranks",
                            "node2": "1/3 of the model on 1 rank, dequantized"}
+    # A pipeline stage holds about its share of the layers: as tensor parallelism's share, by default.
+    stages = room.need(cluster(), Q4, parallel="pipeline")
+    assert stages.memory == {"node1": 1 * GIB, "node2": 0.5 * GIB}
+    assert stages.held == {"node1": "a stage of about 1/3 of the layers on 2 ranks",
+                           "node2": "a stage of about 1/3 of the layers on 1 rank"}
     partly = room.need(cluster(), Q4, dequantize_ranks=[1])
     assert partly.memory["node1"] == 7.5 * GIB
     assert partly.held["node1"] == "the whole model on 2 ranks, dequantized on 1 of them"

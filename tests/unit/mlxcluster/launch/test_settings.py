@@ -23,7 +23,7 @@ CLUSTER = Cluster.from_json(lab_layout())  # two ranks
     ("batch_size: 0\n", "batch_size must be at least 1, got 0"),
     ("lora_dropout: 2\n", "lora_parameters.dropout must be in [0, 1), got 2.0"),
     ("max_seq_length: 0\n", "max_seq_length must be at least 2, got 0"),
-    ("parallel: pipeline\n", "parallel must be one of data, tensor, got 'pipeline'"),
+    ("parallel: pipe\n", "parallel must be one of data, tensor, pipeline, got 'pipe' (did you mean"),
     ("batch_size: 1\n", "a global batch of 1 cannot give each of 2 ranks an example"),
     ("learning_rate: .inf\n", "learning_rate must be a finite number, got inf"),
     ("iters: 100000000000000000000\n", "iters must be an integer of at most 18 digits"),

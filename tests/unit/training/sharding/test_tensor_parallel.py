@@ -181,8 +181,8 @@ def test_the_controller_refuses_before_syncing_anything(tmp_path: Path):
     assert "this cluster trains on 1" in parallel.problems(one, tmp_path, "tensor")[0]  # type: ignore[arg-type]
     assert parallel.problems(two, tmp_path, "data") == []  # type: ignore[arg-type]
     assert parallel.flags("tensor") == ["--parallel", "tensor"] and parallel.flags(None) == []
-    with pytest.raises(UserError, match="--parallel must be data or tensor"):
-        parallel.flags("pipeline")
+    with pytest.raises(UserError, match="--parallel must be data, tensor or pipeline, not 'pipe'"):
+        parallel.flags("pipe")
 
 
 def test_the_vocabulary_is_cut_into_parts_as_equal_as_can_be():

@@ -1,0 +1,145 @@
+"""Pipeline-parallel training for real (a tiny llama of 5 layers, local ranks on MLX's ring backend):
+stages of uneven runs of whole layers train one process's weights, report its losses, and save and
+resume as one process's files, for LoRA, DoRA, full fine-tuning with a whole-matrix optimizer and
+QLoRA on a packed 4-bit base; then the rules that cut the layers and the batch, and the refusals."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.unit import rings
+from tests.unit.training.sharding.test_tensor_parallel import single_run
+from tests.unit.training.test_finetune import run_launcher, training_args
+from tests.unit.training.test_shares_training import losses, max_difference, uneven_inputs
+from training.config import ConfigError, FinetuneConfig, config_problems, pipeline_micro_batches
+from training.sharding.pipeline import micro_rows, stage_layers
+
+LAYERS = 5
+
+
+def pipeline_run(root: Path, out: str, stages: int, *extra: str) -> str:
+    args = training_args(root / "model", root / "data", root / out, "--expected-world-size", str(stages),
+                         "--parallel", "pipeline", *extra)
+    result = run_launcher([*rings.launch(stages), sys.executable, "-m", "training.finetune", *args],
+                          timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+def assert_one_process(root: Path, single: str, stages: str) -> None:
+    """The adapters within 1e-4 of one process's, and every train and validation loss, report by report."""
+    assert max_difference(root / single, root / stages) < 1e-4
+    for key in ("train_loss", "val_loss"):
+        expected = losses(root / single, key)
+        assert len(expected) >= 4 and losses(root / stages, key) == pytest.approx(expected, abs=1e-4), key
+
+
+@pytest.fixture(scope="module")
+def five_layers(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = uneven_inputs(tmp_path_factory.mktemp("pipeline"), num_hidden_layers=LAYERS)
+    single_run(root, "single")
+    return root
+
+
+def test_two_stages_train_one_process_s_lora_and_its_checkpoint_resumes_in_one_process(five_layers: Path):
+    root = five_layers
+    out = pipeline_run(root, "two", 2)
+    assert "done: 10 iterations on 2 ranks" in out
+    assert_one_process(root, "single", "two")
+    # A checkpoint the stages wrote is one process's: one process resumes it to the same adapters.
+    shutil.copytree(root / "two", root / "resumed")
+    shutil.rmtree(root / "resumed" / "checkpoints" / "0000010")
+    single_run(root, "resumed", "--resume")
+    assert max_difference(root / "single", root / "resumed") < 1e-4
+
+
+def test_three_uneven_stages_train_one_process_s_dora_with_adamw_in_micro_batches(five_layers: Path):
+    root, settings = five_layers, ("--fine-tune-type", "dora", "--optimizer", "adamw")
+    single_run(root, "dora-single", *settings)
+    # 1, 3 and 1 layers; the batch of 4 in 4 micro-batches (the default: at most twice the stages).
+    pipeline_run(root, "dora-three", 3, *settings, "--pipeline-layers", "1,3,1")
+    assert_one_process(root, "dora-single", "dora-three")
+    # Its checkpoint (one process's files) resumes on two stages cut otherwise, to the same adapters.
+    shutil.copytree(root / "dora-three", root / "dora-resumed")
+    shutil.rmtree(root / "dora-resumed" / "checkpoints" / "0000010")
+    pipeline_run(root, "dora-resumed", 2, *settings, "--pipeline-layers", "4,1", "--resume")
+    assert max_difference(root / "dora-three", root / "dora-resumed") < 1e-5
+
+
+def test_full_fine_tuning_with_muon_on_two_stages_trains_one_process_s_weights(five_layers: Path):
+    # Muon orthogonalizes each whole matrix, which a stage holds (tensor parallelism cannot).
+    root = five_layers
+    settings = ("--fine-tune-type", "full", "--optimizer", "muon", "--learning-rate", "1e-4")
+    single_run(root, "full-single", *settings)
+    pipeline_run(root, "full-two", 2, *settings, "--pipeline-micro-batches", "2")
+    assert_one_process(root, "full-single", "full-two")
+
+
+def test_two_uneven_stages_train_one_process_s_qlora_on_the_packed_4_bit_base(tmp_path: Path):
+    root = uneven_inputs(tmp_path, quantized=True, num_hidden_layers=4)
+    single_run(root, "single")
+    pipeline_run(root, "two", 2, "--pipeline-layers", "1,3")
+    assert_one_process(root, "single", "two")
+
+
+# --- the rules ---------------------------------------------------------------------------------------
+
+
+def test_the_layers_are_cut_in_rank_order_by_count_by_weight_or_evenly():
+    assert stage_layers(5, 2) == [(0, 3), (3, 5)]
+    assert stage_layers(30, 3, weights=[192, 64, 64]) == [(0, 18), (18, 24), (24, 30)]
+    assert stage_layers(5, 3, counts=[1, 3, 1]) == [(0, 1), (1, 4), (4, 5)]
+    with pytest.raises(ConfigError, match="the model has only 5 layers"):
+        stage_layers(5, 6)
+    for wrong in ([1, 3], [0, 4, 1], [2, 2, 2]):
+        with pytest.raises(ConfigError, match="add up to the model's 5 layers"):
+            stage_layers(5, 3, counts=wrong)
+
+
+def test_a_batch_is_cut_into_micro_batches_of_whole_rows_none_empty():
+    assert micro_rows(4, 4) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    assert micro_rows(5, 2) == [(0, 3), (3, 5)]
+    assert micro_rows(2, 6) == [(0, 1), (1, 2)]
+    assert pipeline_micro_batches(FinetuneConfig(parallel="pipeline", batch_size=16), 3) == 6
+    assert pipeline_micro_batches(FinetuneConfig(parallel="pipeline", batch_size=4), 3) == 4
+
+
+@pytest.mark.parametrize("settings, ranks, said", [
+    ({}, 1, "parallel pipeline needs at least 2 ranks"),
+    ({"pipeline_layers": "2,3"}, 3, "pipeline_layers 2,3: give 3 whole numbers"),
+    ({"pipeline_layers": "2,x"}, 2, "pipeline_layers 2,x: give 2 whole numbers"),
+    ({"pipeline_micro_batches": 8}, 2, "pipeline_micro_batches 8 is more than the 4 examples"),
+    ({"batch_shares": "3,1"}, 2, "batch_shares with parallel pipeline: not yet"),
+], ids=["one-rank", "layers-count", "layers-word", "micro-batches", "shares"])
+def test_what_a_pipeline_cannot_take_is_refused_saying_what_would_work(settings, ranks, said):
+    config = FinetuneConfig(model="m", data="d", parallel="pipeline", batch_size=4, **settings)
+    assert any(said in problem for problem in config_problems(config, ranks)), config_problems(config, ranks)
+
+
+def test_the_pipeline_keys_are_refused_in_another_mode():
+    problems = config_problems(FinetuneConfig(model="m", data="d", pipeline_layers="1,1"), 2)
+    assert "pipeline_layers is for parallel pipeline; this run is parallel data" in problems
+
+
+def test_the_controller_refuses_a_pipeline_run_before_syncing_anything(tmp_path: Path):
+    from types import SimpleNamespace
+
+    from mlxcluster.errors import UserError
+    from mlxcluster.launch import parallel
+
+    (tmp_path / "config.json").write_text('{"model_type": "llama", "num_hidden_layers": 2}')
+    one, two, three = (SimpleNamespace(world_size=n) for n in (1, 2, 3))
+    assert "this cluster trains on 1" in parallel.problems(one, tmp_path, "pipeline")[0]  # type: ignore[arg-type]
+    assert parallel.problems(two, tmp_path, "pipeline") == []  # type: ignore[arg-type]
+    with pytest.raises(UserError) as refused:
+        parallel.check(three, tmp_path, "pipeline")  # type: ignore[arg-type]
+    assert str(refused.value) == ("cannot train with --parallel pipeline:\n  --parallel pipeline on 3 "
+                                  f"ranks: {tmp_path} has 2 layers, and each stage holds at least one; train "
+                                  "on at most 2 ranks")
+    assert parallel.flags("pipeline") == ["--parallel", "pipeline"]
+    said = parallel.line(two, "pipeline")  # type: ignore[arg-type]
+    assert said is not None and said.startswith("pipeline parallel: each of the 2 ranks holds a stage")
