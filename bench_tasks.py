@@ -32,7 +32,6 @@ from mlxcluster.jobs.flags import (
     wholes,
 )
 from mlxcluster.lab.veth import KINDS as CABLES
-from mlxcluster.launch.parallel import MODES
 
 LAB = SHARED["lab"]
 LAB_HOSTS = whole("Lab hosts (default {default})", 3, 2, 9)
@@ -117,8 +116,8 @@ def links(c, inventory=None, backends=None, max_size=None, output=None, timeout=
 
 @task(flags=Flags(
     *TRAINING, "nodes",
-    parallel="How the runs on more than 1 node split the work: data, tensor, or data,tensor for both "
-             "(default data; the 1-node baseline runs once)",
+    parallel="How the runs on more than 1 node split the work: data, tensor, pipeline, or several "
+             "(data,tensor) (default data; the 1-node baseline runs once)",
     stock="Also run stock mlx_lm lora as one process on the first node, same model, data and settings"))
 def scaling(c, inventory=None, nodes=None, iters=None, batch_size=None, data=None, model=None,
             threads=None, extra="", output=None, parallel=None, stock=False):
@@ -190,7 +189,7 @@ def calibrate(c, inventory=None, iters=None, batch_size=None, data=None, model=N
     faults=several(f"Which, comma-separated: {', '.join(faults_bench.FAULTS)} (default: all)",
                    faults_bench.FAULTS),
     parallel=choice("{default} (default) or tensor: the stand-in model sharded across the nodes, then the "
-                    "nodes left", MODES, "data"),
+                    "nodes left", faults_bench.PARALLEL, "data"),
     shares=wholes("A batch_share weight per node, comma-separated (mixed Macs), e.g. 3,3,1,1", ())))
 def faults(c, nodes=None, iters=None, save_every=None, faults=None, id=None, output=None, parallel=None,
            shares=None):

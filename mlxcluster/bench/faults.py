@@ -50,6 +50,8 @@ from mlxcluster.launch.parallel import flags as parallel_flags
 from mlxcluster.paths import REPO
 
 INVOKE = str(Path(sys.executable).parent / "invoke")
+# The modes whose restarts this bench measures (a pipeline run's would re-slice its stages: not yet).
+PARALLEL = ("data", "tensor")
 FAULTS = ("kill", "freeze", "unplug", "disk", "controller")
 RANK = b"training.finetune"
 _STEP = re.compile(r"iter\s+(\d+)/(\d+)\s+loss")
@@ -305,6 +307,9 @@ def run(nodes: int = 3, lab_id: int = 8, iters: int = 40, save_every: int = 10,
     or tensor: the stand-in's heads divide among every count of ranks a fault leaves), the nodes
     weighted by `shares` if given; the JSON written."""
     parallel_flags(parallel)  # refuses another word
+    if parallel not in PARALLEL:  # a restart re-slicing the stages over the nodes left is not there yet
+        raise UserError("bench.faults: --parallel data or tensor; a pipeline run's restarts are not "
+                        "measured yet")
     if nodes < 2:
         raise UserError("--nodes: a fault on one of them needs at least 2 nodes")
     if shares and (len(shares) != nodes or parallel == "tensor"):

@@ -39,7 +39,7 @@ from training.model.quantization import describe
 TIME_SPLIT = ("sync", "model_load", "training", "evaluation")
 OURS = "ours"
 BASELINE_MODE = "data"  # the 1-node run: its ranks (one per slot) share each batch
-MODE_COLORS = {"data": "tab:blue", "tensor": "tab:red"}
+MODE_COLORS = {"data": "tab:blue", "tensor": "tab:red", "pipeline": "tab:green"}
 
 
 def parallel_modes(text: str | None) -> list[str]:
@@ -49,8 +49,9 @@ def parallel_modes(text: str | None) -> list[str]:
         return [BASELINE_MODE]
     modes = [part.strip() for part in str(text).split(",")]
     if not all(modes) or set(modes) - set(parallelism.MODES) or len(set(modes)) != len(modes):
-        raise UserError(f"--parallel {text}: give {' or '.join(parallelism.MODES)}, or both separated "
-                        f"by a comma ({','.join(parallelism.MODES)}), each once")
+        raise UserError(f"--parallel {text}: give {', '.join(parallelism.MODES[:-1])} or "
+                        f"{parallelism.MODES[-1]}, or several separated by commas "
+                        f"({','.join(parallelism.MODES)}), each once")
     return [mode for mode in parallelism.MODES if mode in modes]
 
 

@@ -70,7 +70,8 @@ def test_the_restarted_run_is_held_to_the_uninterrupted_one_at_the_first_step_it
     ({"nodes": 1}, "at least 2 nodes"),
     ({"faults": ["kill", "fire"]}, "fire unknown"),
     ({"iters": 16}, "give at least 18"),
-    ({"parallel": "pipeline"}, "--parallel must be data or tensor"),
+    ({"parallel": "pipe"}, "--parallel must be data, tensor or pipeline"),
+    ({"parallel": "pipeline"}, "a pipeline run's restarts are not measured yet"),
     ({"nodes": 4, "shares": [3, 1]}, "one weight per node"),
     ({"nodes": 2, "shares": [3, 1], "parallel": "tensor"}, "data parallelism only"),
 ])

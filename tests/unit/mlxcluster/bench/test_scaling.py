@@ -82,11 +82,13 @@ def test_parallel_modes_default_to_data_and_keep_the_modes_order():
     assert scaling.parallel_modes("") == ["data"]
     assert scaling.parallel_modes("tensor") == ["tensor"]
     assert scaling.parallel_modes(" tensor , data") == ["data", "tensor"]
+    assert scaling.parallel_modes("pipeline,data") == ["data", "pipeline"]
 
 
-@pytest.mark.parametrize("wrong", ["pipeline", "data,pipeline", "data,data", ",", "data,"])
+@pytest.mark.parametrize("wrong", ["pipe", "data,pipe", "data,data", ",", "data,"])
 def test_other_parallel_modes_are_refused_with_the_choices(wrong: str):
-    with pytest.raises(UserError, match=r"--parallel .*give data or tensor.*\(data,tensor\)"):
+    refused = r"--parallel .*give data, tensor or pipeline.*\(data,tensor,pipeline\)"
+    with pytest.raises(UserError, match=refused):
         scaling.parallel_modes(wrong)
 
 
