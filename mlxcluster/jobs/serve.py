@@ -238,21 +238,23 @@ def tunnel(command: list[str] | None, port: int) -> Iterator[None]:
     if command is None:
         yield
         return
-    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)
-    time.sleep(0.5)
-    if process.poll() is not None:
-        raise UserError(f"could not forward port {port} from this machine to the launcher "
-                        f"(is it taken here? pass another --port): {process.stderr.read().strip()[-300:]}")
-    try:
-        yield
-    finally:
-        process.terminate()
+    # Its pipe is closed whatever happens: a pipe left open is found by the garbage collector later,
+    # as a ResourceWarning in whichever code runs then.
+    with subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True) as process:
+        time.sleep(0.5)
+        if process.poll() is not None:
+            raise UserError(f"could not forward port {port} from this machine to the launcher (is it taken "
+                            f"here? pass another --port): {process.stderr.read().strip()[-300:]}")
         try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # never left holding the port, nor failing the stop
-            process.kill()
-            process.wait()
+            yield
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # never left holding the port, nor failing the stop
+                process.kill()
+                process.wait()
 
 
 def execute(plan: Plan) -> None:
