@@ -2,7 +2,7 @@
 distributed start at the top, and a room per job (data, model, sharding, the training loop and its
 checkpoints, node-side tools). It never imports the controller (mlxcluster/)."""
 
-from training.trackers_on_use import defer_tracker_imports
+from training.loop.trackers_on_use import defer_tracker_imports
 
 # Before any module of the package imports mlx-lm's trainer, which imports the trackers.
 defer_tracker_imports()

@@ -43,7 +43,6 @@ from training.config import (
     check_inputs,
     merge_config,
     older_names_said,
-    pipeline_micro_batches,
     validate_config,
 )
 from training.config_file import load_config_file
@@ -63,6 +62,7 @@ from training.loop.progress import ProgressDisplay, done_line
 from training.loop.reporting import finish_reporting, missing_packages_problem, reporting_callback
 from training.loop.resume import Checkpointer, resume_point
 from training.loop.watchdog import StallWatchdog
+from training.parallel_rules import pipeline_micro_batches
 from training.sharding import pipeline, tensor_parallel
 
 Layout = tensor_parallel.Layout | pipeline.PipelineLayout

@@ -31,6 +31,7 @@ from training.config import ConfigError, FinetuneConfig
 from training.loop import checkpoint
 from training.loop.resume import resume_from
 from training.model import quantization
+from training.parallel_rules import pipeline_layer_counts
 from training.sharding import pipeline, tensor_parallel
 
 
@@ -125,8 +126,7 @@ def load_stage(config: FinetuneConfig, group: Any) -> tuple[nn.Module, Any, str,
     owner, _ = pipeline.layers_owner(model)
     if config.grad_checkpoint:  # every layer of the class, before the stage's edge layers get theirs
         trainer.grad_checkpoint(owner["layers"][0])
-    counts = [int(c) for c in config.pipeline_layers.split(",")] if config.pipeline_layers else None
-    runs = pipeline.stage_layers(len(owner["layers"]), group.size(), counts=counts)
+    runs = pipeline.stage_layers(len(owner["layers"]), group.size(), counts=pipeline_layer_counts(config))
     stage = pipeline.make_stage(model, group.rank(), runs)
     mx.eval([layer.parameters() for layer in owner["layers"]])  # this stage's layers, read now
     return model, tokenizer, quantization.base_weights(model_config), pipeline.PipelineLayout(group, stage)

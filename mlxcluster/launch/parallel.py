@@ -22,6 +22,9 @@ from mlxcluster.describe.cluster import Cluster
 from mlxcluster.errors import UserError, reason
 
 MODES = ("data", "tensor", "pipeline")
+# What each mode that splits the model does with it, as its refusal on one rank says.
+SPLITS = {"tensor": "splits the model across ranks",
+          "pipeline": "gives each rank a stage of the model's layers"}
 
 
 def flags(parallel: str | None) -> list[str]:
@@ -37,37 +40,28 @@ def problems(cluster: Cluster, model: Path, mode: str, shape: Mapping[str, Any] 
     """Why this cluster cannot train `model` with parallelism `mode` (empty when it can). `shape`:
     the config a model not fetched yet will have (the embedded default's, in a dry run); another
     model not on the controller yet (a hub id) is checked by the nodes."""
+    if mode not in SPLITS:
+        return []
+    ranks = cluster.world_size
+    if ranks < 2:
+        return [f"--parallel {mode} {SPLITS[mode]}, and this cluster trains on 1: add nodes to the "
+                "inventory's training group, or train with --parallel data"]
+    config = _model_config(model, shape)
+    if isinstance(config, str):
+        return [config]
+    if not config:
+        return []
     if mode == "pipeline":
-        return _pipeline_problems(cluster, model, shape)
-    if mode != "tensor":
+        layers = config.get("num_hidden_layers")
+        if isinstance(layers, int) and ranks > layers:
+            return [f"--parallel pipeline on {ranks} ranks: {model} has {layers} layers, and each stage "
+                    f"holds at least one; train on at most {layers} ranks"]
         return []
     # The sharding rules are mlx-lm's (each model's shard()): mlx, mlx-lm and transformers, seconds
     # to import, only for a tensor-parallel run, not for every invoke command that imports this.
     from training.sharding.tensor_parallel import shard_problems
 
-    ranks = cluster.world_size
-    if ranks < 2:
-        return ["--parallel tensor splits the model across ranks, and this cluster trains on 1: add "
-                "nodes to the inventory's training group, or train with --parallel data"]
-    config = _model_config(model, shape)
-    if isinstance(config, str):
-        return [config]
-    return shard_problems(config, ranks, str(model)) if config else []
-
-
-def _pipeline_problems(cluster: Cluster, model: Path, shape: Mapping[str, Any] | None) -> list[str]:
-    ranks = cluster.world_size
-    if ranks < 2:
-        return ["--parallel pipeline gives each rank a stage of the model's layers, and this cluster trains "
-                "on 1: add nodes to the inventory's training group, or train with --parallel data"]
-    config = _model_config(model, shape)
-    if isinstance(config, str):
-        return [config]
-    layers = (config or {}).get("num_hidden_layers")
-    if isinstance(layers, int) and ranks > layers:
-        return [f"--parallel pipeline on {ranks} ranks: {model} has {layers} layers, and each stage holds at "
-                f"least one; train on at most {layers} ranks"]
-    return []
+    return shard_problems(config, ranks, str(model))
 
 
 def _model_config(model: Path, shape: Mapping[str, Any] | None) -> Mapping[str, Any] | str | None:

@@ -148,6 +148,7 @@ def test_the_readme_names_every_room():
 # own and names this one), or a test file that names them or a module that runs them (tests/...).
 TESTED_THROUGH = {
     "training/config_file.py": "tests/unit/training/test_config.py",
+    "training/parallel_rules.py": "tests/unit/training/sharding/test_pipeline.py",
     "mlxcluster/local.py": "mlxcluster/provision/ansible.py",
     "mlxcluster/paths.py": "tests/unit/mlxcluster/jobs/test_everywhere.py",
     "mlxcluster/describe/addresses.py": "mlxcluster/describe/record.py",

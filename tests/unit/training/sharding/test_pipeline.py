@@ -15,7 +15,8 @@ from tests.unit import rings
 from tests.unit.training.sharding.test_tensor_parallel import single_run
 from tests.unit.training.test_finetune import run_launcher, training_args
 from tests.unit.training.test_shares_training import losses, max_difference, uneven_inputs
-from training.config import ConfigError, FinetuneConfig, config_problems, pipeline_micro_batches
+from training.config import ConfigError, FinetuneConfig, config_problems
+from training.parallel_rules import pipeline_micro_batches
 from training.sharding.pipeline import micro_rows, stage_layers
 
 LAYERS = 5

@@ -1,4 +1,4 @@
-"""training.trackers_on_use: a rank's start-up imports no tracker; a run that reports still gets it."""
+"""training.loop.trackers_on_use: a rank's start-up imports no tracker; a run that reports still gets it."""
 
 import subprocess
 import sys
