@@ -216,13 +216,14 @@ def lint(c):
 
 
 @task(help={"unit": "Only the fast unit tests (no root, no hosts)",
+            "benches": "Only the benches' own runs end to end, on a lab (root): measurements, not in CI",
             "k": "Only tests matching this pytest -k expression",
             "lint_first": "Lint before testing (default yes)"})
-def test(c, unit=False, k=None, lint_first=True):
+def test(c, unit=False, benches=False, k=None, lint_first=True):
     """Run the linters, the unit tests and the lab-cluster tests."""
     if lint_first:
         devtools.lint()
-    devtools.test(unit=unit, k=k)
+    devtools.test(unit=unit, benches=benches, k=k)
 
 
 @task(name="up", help={"nodes": "Number of hosts (1-9; existing ones are kept)",

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlxcluster import local, paths
-from mlxcluster.lab import cache
+from mlxcluster.lab import cache, ring_wait
 
 RUFF_TARGETS = ("tasks.py", "bench_tasks.py", "mlxcluster", "training", "tests", "filter_plugins")
 # The slowest tests in the output of every session, CI's included: where its time goes is in its
@@ -67,9 +67,23 @@ def fast_blas() -> tuple[tuple[str, str], ...]:
 # ranks, and took 53 minutes of CI's 79.
 EVERY_CORE = ("--numprocesses=auto", "--dist=loadgroup", "--no-loadscope-reorder")
 
-SESSIONS = (Session("every", ("tests/cluster", "tests/contract", "tests/unit", *EVERY_CORE),
+# A bench's own run end to end (pytest mark `bench`) is a measurement: it is left out of CI's session
+# and run by `invoke test --benches`, on the training lab, as before a bench's figures are reported.
+NOT_BENCHES = ("-m", "not bench")
+SESSIONS = (Session("whole", ("tests/cluster", "tests/contract", "tests/unit", *NOT_BENCHES, *EVERY_CORE),
                     env=UNCOMPILED + fast_blas()),)
-UNIT = Session("unit", ("tests/unit", *EVERY_CORE), env=UNCOMPILED + fast_blas())
+UNIT = Session("unit", ("tests/unit", *NOT_BENCHES, *EVERY_CORE), env=UNCOMPILED + fast_blas())
+BENCHES = Session("benches", ("tests/cluster", "-m", "bench", *EVERY_CORE), env=UNCOMPILED + fast_blas())
+
+
+def with_quiet_rings(env: dict[str, str]) -> dict[str, str]:
+    """`env` with the library that keeps a waiting ring rank off the cores (mlxcluster/lab/ring_wait.py)
+    preloaded after what `env` preloads: the tests' local ranks share two cores, where each Mac has
+    its own. Built once into build/; left out where there is no C compiler."""
+    built = ring_wait.library(paths.REPO / "build" / "preload")
+    if built is None:
+        return env
+    return {**env, "LD_PRELOAD": ":".join(filter(None, (env.get("LD_PRELOAD"), str(built))))}
 
 
 def lint() -> None:
@@ -83,12 +97,14 @@ def pytest_command(session: Session, k: str | None) -> list[str]:
     return ["pytest", *DURATIONS, *session.args, *(["-k", k] if k else [])]
 
 
-def test(*, unit: bool = False, k: str | None = None) -> None:
-    """pytest: the unit tests alone, or every session (the lab tests need root, and a filled cache
-    that lab hosts install from)."""
+def test(*, unit: bool = False, benches: bool = False, k: str | None = None) -> None:
+    """pytest: the unit tests alone, the benches' own runs alone, or every session (the lab tests need
+    root, and a filled cache that lab hosts install from)."""
+    if unit and benches:
+        raise local.CommandFailed("invoke test: --unit or --benches, not both (the benches run on a lab)")
     if not unit and os.geteuid() == 0:
         cache.prepare_offline_cache()
-    failed = run_sessions((UNIT,) if unit else SESSIONS, k)
+    failed = run_sessions((UNIT,) if unit else (BENCHES,) if benches else SESSIONS, k)
     if failed:
         raise local.CommandFailed(f"invoke test: the {', '.join(failed)} tests failed (output above)")
 
@@ -102,7 +118,7 @@ def run_sessions(sessions: Sequence[Session], k: str | None) -> list[str]:
         print(f"\n===== the {session.name} tests' output =====", flush=True)
         codes[session] = subprocess.run(
             pytest_command(session, k), cwd=paths.REPO,
-            env=local.tool_env(dict(session.env)), stdin=subprocess.DEVNULL).returncode
+            env=local.tool_env(with_quiet_rings(dict(session.env))), stdin=subprocess.DEVNULL).returncode
     print(f"\ninvoke test: {time.monotonic() - started:.0f} s for every session: "
           + ", ".join(f"{s.name} exit {c}" for s, c in codes.items()), flush=True)
     if k and all(code == NO_TESTS for code in codes.values()):

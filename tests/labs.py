@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 
 LABS = {"cluster": ("test_site.py", "test_restarts.py", "test_train_links.py"),
-        "training": ("test_docs.py", "test_run_job.py", "test_train.py")}
+        "training": ("test_docs.py", "test_run_job.py", "test_benches.py", "test_train.py")}
 MOLECULE_MODULE = "test_molecule.py"
 
 

@@ -38,7 +38,7 @@ from pathlib import Path
 import yaml
 
 from mlxcluster.describe.topology import Port
-from mlxcluster.lab import limits, veth
+from mlxcluster.lab import limits, ring_wait, veth
 from mlxcluster.lab.cache import PIP_ARGS, prepare_offline_cache
 from mlxcluster.lab.system import LabError, require_root
 from mlxcluster.lab.system import link_exists as _link_exists
@@ -150,8 +150,9 @@ def _cgroup_mounts(root: Path = limits.CGROUP_ROOT) -> str:
             "mount -t cgroup -o memory cgroup /sys/fs/cgroup/memory || true")
 
 
-def _node_script(lab: Lab, i: int, authorized_key: str) -> str:
-    """Shell run inside the node's namespaces: mounts, identity, then sshd in the foreground."""
+def _node_script(lab: Lab, i: int, authorized_key: str, preload: Path | None) -> str:
+    """Shell run inside the node's namespaces: mounts, identity, the ring's waiting library preloaded
+    into every process (ring_wait.py: the nodes share this machine's cores), then sshd."""
     d = lab.node_dir(i)
     mounts = "\n".join(
         f"mkdir -p {d}/upper/{p} {d}/work/{p}\n"
@@ -169,6 +170,7 @@ mount --bind {JIT_CACHE} /tmp/mlx
 {_cgroup_mounts()}
 hostname node{i}
 echo node{i} > /etc/hostname
+{f"echo {preload} > /etc/ld.so.preload" if preload else "rm -f /etc/ld.so.preload"}
 cat > /etc/hosts <<'EOF'
 127.0.0.1 localhost
 {hosts}
@@ -236,7 +238,7 @@ def _start_node(lab: Lab, i: int, authorized_key: str) -> None:
     _run(["ip", "-n", ns, "addr", "add", f"{lab.mgmt_ip(i)}/24", "dev", "eth0"])
     _run(["ip", "-n", ns, "route", "add", "default", "via", lab.gateway])
     script = d / "boot.sh"
-    script.write_text(_node_script(lab, i, authorized_key))
+    script.write_text(_node_script(lab, i, authorized_key, ring_wait.library(LAB_ROOT)))
     # setsid --fork detaches the node's process tree from ours: it outlives this
     # command, and `stop_node` finds it again through the namespace.
     with (d / "sshd.log").open("a") as log:

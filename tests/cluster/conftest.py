@@ -128,16 +128,19 @@ class LabCluster:
         proc = subprocess.run(cmd, cwd=REPO, env=self.env(), capture_output=True, text=True)
         return PlaybookRun.of(proc)
 
-    def verify(self, role: str, scenario: str = "default", **extra_vars: str) -> PlaybookRun:
-        """The role's molecule checks (the scenario's verify.yml) on these nodes, with the
+    def verify(self, *scenarios: tuple[str, str], **extra_vars: str) -> PlaybookRun:
+        """The molecule checks of each (role, scenario) (their verify.yml) on these nodes, in one
+        ansible-playbook run (one start, one connection per node, for all of them), with the
         shipped defaults as molecule gives them: playbooks/group_vars beside the inventory (the
         lab's settings, its `cluster` group's vars, still win over them)."""
         with tempfile.TemporaryDirectory() as folder:
             inventory = Path(folder) / self.inventory.name
             inventory.symlink_to(self.inventory)
             (Path(folder) / "group_vars").symlink_to(REPO / "playbooks" / "group_vars")
-            verify = REPO / "roles" / role / "molecule" / scenario / "verify.yml"
-            cmd = ansible.ansible_playbook(str(verify), inventory, extra_vars=extra_vars)
+            playbook = Path(folder) / "verify.yml"
+            checks = [REPO / "roles" / role / "molecule" / name / "verify.yml" for role, name in scenarios]
+            playbook.write_text(yaml.safe_dump([{"ansible.builtin.import_playbook": str(c)} for c in checks]))
+            cmd = ansible.ansible_playbook(str(playbook), inventory, extra_vars=extra_vars)
             proc = subprocess.run(cmd, cwd=REPO, env=self.env(), capture_output=True, text=True)
         return PlaybookRun.of(proc)
 

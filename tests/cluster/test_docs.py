@@ -71,14 +71,14 @@ ELSEWHERE = {
                        "is tests/unit/mlxcluster/bench/test_provision.py",
     "bench.rehearsal": "takes a fresh lab of 4 or 8 nodes from nothing to training (minutes): parsed "
                        "only; its verdict is tests/unit/mlxcluster/bench/test_rehearsal.py",
-    "bench.train": "provisions a lab of its own: its parts run in "
-                   "tests/cluster/test_train.py::test_every_part_of_bench_train_runs_and_reports",
+    "bench.train": "provisions a lab of its own: its parts run, briefly, in invoke test --benches "
+                   "(tests/cluster/test_benches.py::test_every_part_of_bench_train_runs_and_reports)",
     "bench.overhead": "trains for minutes: parsed only; tests/unit/mlxcluster/bench/test_overhead.py "
                       "runs its comparison, both programs, on a tiny model",
-    "bench.links": "tests/cluster/test_site.py::"
-                   "test_bench_links_measures_every_node_pair_and_all_reduce_on_both_backends",
-    "bench.scaling": "tests/cluster/test_site.py::"
-                     "test_bench_scaling_runs_on_one_node_and_on_all_and_reports_the_speedup",
+    "bench.links": "a measurement: invoke test --benches runs it (tests/cluster/test_benches.py::"
+                   "test_bench_links_measures_every_node_pair_and_all_reduce_on_both_backends)",
+    "bench.scaling": "a measurement: invoke test --benches runs it (tests/cluster/test_benches.py::"
+                     "test_bench_scaling_runs_on_one_node_and_on_all_and_reports_the_speedup)",
     "bench.calibrate": "tests/cluster/test_train.py::"
                        "test_auto_shares_are_the_ones_a_slower_node_s_calibration_gives",
     "bench.shares": "a calibration and two runs of every node (minutes): parsed only; its calibration "

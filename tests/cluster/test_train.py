@@ -570,39 +570,6 @@ def test_a_node_dropping_off_the_link_stops_the_run_and_is_named(provisioned, ti
     print(f"node2 unplugged -> invoke train returned in {stopped:.1f} s")
 
 
-def test_every_part_of_bench_train_runs_and_reports(provisioned, tiny_inputs):
-    """invoke bench.train's parts, each briefly, on the provisioned pair (bench.train itself
-    provisions a fresh lab first, as the session's lab was)."""
-    from mlxcluster.bench import train as bench_train
-    from mlxcluster.describe.cluster import recorded
-
-    model_dir, data_dir = tiny_inputs
-    parts = bench_train.Parts(iters=5, rounds=1, batch_size=2, blas_iters=2, quality_iters=2,
-                              overhead_iters=15, overhead_rounds=1)
-    inventory = str(provisioned.inventory)
-    result = bench_train.measure(recorded(inventory).cluster, inventory, data_dir, model_dir, parts)
-    made = [Path(p) for runs in result["scaling"]["runs"].values() for p in runs]
-    made.append(Path(result["quality"]["run"]))
-    try:
-        assert sorted(result) == ["blas", "overhead", "quality", "scaling"]
-        overhead = result["overhead"]
-        assert overhead["ours_tokens_per_second"] > 0 and overhead["stock_tokens_per_second"] > 0
-        assert overhead["ours_over_stock"] > 0 and overhead["rounds"][0]["window_tokens"] > 0
-        scaling = result["scaling"]
-        assert scaling["one_rank_tokens_per_second"] > 0 and scaling["two_over_one"] > 0
-        assert scaling["matmul_gflops_one_node_alone"] > 0
-        blas = result["blas"]
-        assert blas["openblas_tokens_per_second"] > 0 and blas["stock_mlx_cpu_tokens_per_second"] > 0
-        quality = result["quality"]
-        assert quality["summary"]["world_size"] == 2 and quality["prompts"] == 20
-        assert len(quality["examples"]) == 3
-        for run_dir in made:
-            assert (run_dir / "summary.json").exists(), run_dir
-    finally:
-        for run_dir in made:
-            shutil.rmtree(run_dir, ignore_errors=True)
-
-
 def test_auto_shares_are_the_ones_a_slower_node_s_calibration_gives(provisioned, tiny_inputs, tmp_path):
     """batch_share: auto on both nodes, as a user with a slower Mac sets it. node2 is calibrated at
     half a core (a control group over its processes); each global batch is then shared as the

@@ -126,7 +126,7 @@ def test_links_mode_converges_cable_by_cable_and_a_second_run_changes_nothing(ca
 @pytest.mark.parametrize(("role", "scenario"), LINKS_VERIFIED)
 def test_the_links_scenario_s_molecule_checks_hold_on_the_cabled_nodes(cabled, role, scenario):
     # As molecule's shared inventory names it: the lab's bridge port, which links mode leaves bare.
-    run = cabled.verify(role, scenario, thunderbolt_interface=hosts.THUNDERBOLT_IFACE)
+    run = cabled.verify((role, scenario), thunderbolt_interface=hosts.THUNDERBOLT_IFACE)
     assert run.returncode == 0, json.dumps(run.failures, indent=1) + run.stderr[-2000:]
     assert run.changed == {}
     assert {host for host in run.stats if host != "localhost"} == {"node1", "node2", "node3"}, run.stats
@@ -207,6 +207,7 @@ def test_mpi_trains_over_a_full_mesh_of_cables(cabled, tiny_inputs):
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
+@pytest.mark.bench  # a measurement: invoke test --benches runs it, CI does not
 def test_bench_links_measures_across_every_cable_and_names_it(cabled, tmp_path):
     out = tmp_path / "links.json"
     proc = subprocess.run([INVOKE, "bench.links", "-i", str(cabled.inventory), "--max-size", "1MB",

@@ -1,4 +1,5 @@
-"""Ranks started here on MLX's ring backend (mlx.launch), for tests that train or serve on several.
+"""Ranks started here on MLX's ring backend, as mlx.launch starts them, for tests that train or serve on
+several (tests/unit/ring_ranks.py).
 
 mlx.launch gives the ranks of a ring listening ports from one starting port up (32323 by default).
 Two such tests at once, on two pytest-xdist workers, would listen on the same ports and reset each
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 FIRST_PORT = 30000
 PORTS_PER_WORKER = 100  # a ring of up to 100 ranks per worker
@@ -24,6 +24,7 @@ def starting_port() -> int:
 
 
 def launch(ranks: int) -> list[str]:
-    """mlx.launch of `ranks` ring ranks on this machine, up to the `--` before the program."""
-    return [str(Path(sys.executable).parent / "mlx.launch"), "--backend", "ring", "-n", str(ranks),
+    """`ranks` ring ranks on this machine as mlx.launch starts them (tests/unit/ring_ranks.py, which
+    does not keep a core busy while they run), up to the `--` before the program."""
+    return [sys.executable, "-m", "tests.unit.ring_ranks", "-n", str(ranks),
             "--starting-port", str(starting_port()), "--"]

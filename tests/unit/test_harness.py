@@ -117,3 +117,28 @@ def test_each_worker_s_local_rings_listen_on_ports_of_its_own(monkeypatch):
         firsts.append(int(words[words.index("--starting-port") + 1]))
         assert words[-1] == "--" and words[words.index("-n") + 1] == "3"
     assert len(set(firsts)) == 3 and max(firsts) + rings.PORTS_PER_WORKER <= 32768
+
+
+RANK_PROGRAM = """import json, os, sys, time
+rank = int(os.environ["MLX_RANK"])
+print(rank, json.dumps(open(os.environ["MLX_HOSTFILE"]).read().strip()), flush=True)
+if rank == 1:
+    sys.exit(3)
+time.sleep(60)
+"""
+
+
+def test_local_ring_ranks_start_as_mlx_launch_starts_them_and_the_first_failure_stops_them_all():
+    """tests/unit/ring_ranks.py: each rank its MLX_RANK and the ring's hostfile of local ports; rank 1
+    failing stops rank 0 (asleep for a minute) at once, and the launcher exits with rank 1's status."""
+    import sys
+
+    from tests.unit import rings
+
+    # Within 50 s (or subprocess.run fails the test): rank 0 did not sleep its minute out.
+    done = subprocess.run([*rings.launch(2), sys.executable, "-c", RANK_PROGRAM], cwd=REPO,
+                          capture_output=True, text=True, timeout=50, stdin=subprocess.DEVNULL)
+    assert done.returncode == 3
+    port = rings.starting_port()
+    hosts = json.dumps(json.dumps([[f"127.0.0.1:{port}"], [f"127.0.0.1:{port + 1}"]]))
+    assert sorted(done.stdout.splitlines()) == [f"0 {hosts}", f"1 {hosts}"]

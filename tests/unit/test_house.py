@@ -165,7 +165,7 @@ TESTED_THROUGH = {
     "mlxcluster/bench/shares.py": "tests/unit/mlxcluster/launch/test_batch_shares.py",
     "mlxcluster/bench/results.py": "mlxcluster/bench/overhead.py",
     "mlxcluster/bench/stock.py": "mlxcluster/bench/scaling.py",
-    "mlxcluster/bench/train.py": "tests/cluster/test_train.py",
+    "mlxcluster/bench/train.py": "tests/cluster/test_benches.py",
     "training/command_line.py": "training/config.py",
     "training/older_keys.py": "training/config.py",
     "training/loading.py": "training/finetune.py",
@@ -193,7 +193,7 @@ TESTED_THROUGH = {
     "training/sharding/vocab_parallel.py": "training/sharding/tensor_parallel.py",
     "training/tools/generate.py": "mlxcluster/launch/runs.py",
     "training/tools/link_bench.py": "tests/unit/mlxcluster/bench/test_links.py",
-    "training/tools/matmul_probe.py": "tests/cluster/test_train.py",
+    "training/tools/matmul_probe.py": "tests/cluster/test_benches.py",
     "training/tools/pirate.py": "tests/unit/training/data/test_prepare.py",
 }
 # The modules no test runs, and why.

@@ -75,3 +75,29 @@ def test_the_tests_train_with_debian_s_openblas_one_thread_per_process_where_it_
     shown = subprocess.run([sys.executable, "-c", probe], cwd=devtools.paths.REPO, capture_output=True,
                            text=True, env={**os.environ, **dict(devtools.fast_blas())}, check=True).stdout
     assert shown.strip() == "True"
+
+
+def collected(*args: str) -> set[str]:
+    """The test ids pytest collects from the lab folders with these arguments (no test runs)."""
+    listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                             "tests/cluster", "tests/contract", *args],
+                            cwd=devtools.paths.REPO, capture_output=True, text=True, check=True).stdout
+    return {line for line in listed.splitlines() if "::" in line}
+
+
+def marker_args(session: devtools.Session) -> tuple[str, ...]:
+    at = session.args.index("-m")
+    return session.args[at:at + 2]
+
+
+def test_the_benches_own_runs_are_left_out_of_ci_s_session_and_run_by_benches():
+    """A bench's run end to end is a measurement (pytest mark `bench`): never in CI's session, all of
+    them in `invoke test --benches` (no unit test is one)."""
+    ci_sessions = (*devtools.SESSIONS, devtools.UNIT)
+    assert all(marker_args(session) == devtools.NOT_BENCHES for session in ci_sessions)
+    benches = collected(*marker_args(devtools.BENCHES))
+    assert {test.split("::")[0] for test in benches} == {"tests/cluster/test_benches.py",
+                                                          "tests/cluster/test_train_links.py"}
+    assert any("bench_train" in test for test in benches) and len(benches) == 4, benches
+    unit = devtools.paths.REPO / "tests" / "unit"
+    assert not [p for p in unit.rglob("*.py") if "mark.bench" in p.read_text() and p != Path(__file__)]

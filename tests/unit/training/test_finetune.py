@@ -214,8 +214,8 @@ def test_a_launch_with_fewer_ranks_than_expected_stops_every_rank(tiny_run: dict
 
     for rank in (0, 1):
         assert f"rank {rank}: MLX joined 2 process(es) but 3 were expected" in result.stderr
-    # mlx.launch itself exits with 0 whatever its ranks do; it stops the others once one fails.
-    assert "exited with code 1" in result.stderr
+    # The launcher stops the others once one fails, and exits with its status (tests/unit/ring_ranks.py).
+    assert result.returncode == 1, result.stderr[-2000:]
     assert not (root / "three").exists()
 
 
