@@ -218,11 +218,13 @@ def test_each_role_s_molecule_checks_hold_on_the_nodes_site_yml_converged(lab_cl
     assert run.changed == {}
     nodes = {host for host in run.stats if host != "localhost"}
     assert nodes == {"node1", "node2", "node3"}, run.stats
-    # Every scenario's checks ran: each play of each verify.yml is in the run.
-    plays = [play["play"]["name"] for play in json.loads(run.stdout)["plays"]]
+    # Every scenario's checks ran, in order: each play of each verify.yml is in the run (a verify.yml
+    # may also import a playbook, whose plays come in between).
+    ran = iter(play["play"]["name"] for play in json.loads(run.stdout)["plays"])
     expected = [play["name"] for role in SITE_VERIFIED for play in
-                yaml.safe_load((REPO / "roles" / role / "molecule/default/verify.yml").read_text())]
-    assert plays == expected
+                yaml.safe_load((REPO / "roles" / role / "molecule/default/verify.yml").read_text())
+                if "hosts" in play]
+    assert all(name in ran for name in expected), expected
 
 
 def test_mpirun_on_the_launcher_reaches_every_node_over_the_thunderbolt_link(lab_cluster):
