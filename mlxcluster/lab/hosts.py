@@ -150,6 +150,23 @@ def _cgroup_mounts(root: Path = limits.CGROUP_ROOT) -> str:
             "mount -t cgroup -o memory cgroup /sys/fs/cgroup/memory || true")
 
 
+# The lab node's sshd: keys only, no PAM or DNS, and room for the many sessions a run opens at once.
+SSHD_CONFIG = """Port 22
+HostKey /etc/ssh/ssh_host_ed25519_key
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+UseDNS no
+PidFile /run/sshd.pid
+AuthorizedKeysFile .ssh/authorized_keys
+AcceptEnv LANG LC_*
+MaxStartups 100:30:200
+MaxSessions 100
+Subsystem sftp /usr/lib/openssh/sftp-server
+"""
+
+
 def _node_script(lab: Lab, i: int, authorized_key: str, preload: Path | None) -> str:
     """Shell run inside the node's namespaces: mounts, identity, the ring's waiting library preloaded
     into every process (ring_wait.py: the nodes share this machine's cores), then sshd."""
@@ -196,20 +213,7 @@ EOF
   touch {d}/booted
 fi
 cat > /etc/ssh/sshd_config <<'EOF'
-Port 22
-HostKey /etc/ssh/ssh_host_ed25519_key
-PermitRootLogin prohibit-password
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-UsePAM no
-UseDNS no
-PidFile /run/sshd.pid
-AuthorizedKeysFile .ssh/authorized_keys
-AcceptEnv LANG LC_*
-MaxStartups 100:30:200
-MaxSessions 100
-Subsystem sftp /usr/lib/openssh/sftp-server
-EOF
+{SSHD_CONFIG}EOF
 exec /usr/sbin/sshd -D -e
 """
 

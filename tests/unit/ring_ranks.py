@@ -42,13 +42,13 @@ def run(ranks: int, starting_port: int, program: list[str]) -> int:
             process = subprocess.Popen(program, env=env, stdin=subprocess.DEVNULL)
             started[process.pid] = process
 
-        def stop(*_: object) -> None:
+        def stop() -> None:
             for process in started.values():
                 if process.returncode is None:
                     process.terminate()
 
-        signal.signal(signal.SIGTERM, lambda signum, _: (stop(), sys.exit(128 + signum)))
-        signal.signal(signal.SIGINT, lambda signum, _: (stop(), sys.exit(128 + signum)))
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda received, _: (stop(), sys.exit(128 + received)))
         failed = 0
         while any(process.returncode is None for process in started.values()):
             pid, status = os.wait()
