@@ -12,7 +12,7 @@ The stand-in Macs (tests/contract) and the molecule scenarios have labs of their
 tests share a lab, so they stay together on one worker, in their order, and the groups run side by
 side (LabScheduling in tests/conftest.py). A unit test module is a group of its own: its module
 fixtures (a reference run trained once) are made on one worker, and the modules spread over the
-workers the labs leave free. Those that start ranks here on mlx.launch's ring take ports of their
+workers the labs leave free. Those that start ranks here on MLX's ring take ports of their
 worker's own (tests/unit/rings.py): two on the same ports reset each other's connections.
 """
 

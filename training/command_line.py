@@ -55,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m training.finetune",
         description="Fine-tuning with mlx-lm (lora, dora or full), on one process or every rank of mpirun / "
-        "mlx.launch. Settings: defaults < --config FILE < flags; the keys and flags are mlx_lm lora's.",
+        "mlx-cluster-launch (or mlx.launch). Settings: defaults < --config FILE < flags; the keys and flags "
+        "are mlx_lm lora's.",
     )
     parser.add_argument("-c", "--config", help="YAML settings file, as mlx_lm lora --config takes it")
     parser.add_argument(

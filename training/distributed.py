@@ -1,11 +1,11 @@
 """How the ranks of a run come together, and what they check with each other.
 
-At the start: which launcher started this process (mpirun or `mlx.launch --backend ring`, told
-apart by the environment they set), `mx.distributed.init(strict=True)` with that launcher's
-backend, and a check that MLX joined as many ranks as expected, so that a node that cannot load
-the MPI library stops the run instead of training alone. At the end: collectives every rank calls
-in the same order, comparing the ranks' LoRA weights, counting the ranks that run on OpenBLAS, and
-timing one gradient all-reduce.
+At the start: which launcher started this process (mpirun, or a launcher of MLX's ring: the
+cluster's mlx-cluster-launch, or mlx.launch; told apart by the environment they set),
+`mx.distributed.init(strict=True)` with that launcher's backend, and a check that MLX joined as many
+ranks as expected, so that a node that cannot load the MPI library stops the run instead of
+training alone. At the end: collectives every rank calls in the same order, comparing the ranks'
+LoRA weights, counting the ranks that run on OpenBLAS, and timing one gradient all-reduce.
 
 Functions take the group (`Group`: rank() and size()) so that tests can pass a stand-in.
 """
@@ -49,8 +49,9 @@ class Launch:
 def detect_launch(environ: Mapping[str, str]) -> Launch | None:
     """The launcher that started this process, from the environment it set; None: started by hand.
 
-    mpirun (Open MPI) sets OMPI_COMM_WORLD_SIZE; `mlx.launch --backend ring` sets MLX_RANK and
-    MLX_HOSTFILE, a file listing the ranks' addresses (empty with one host).
+    mpirun (Open MPI) sets OMPI_COMM_WORLD_SIZE; `mlx-cluster-launch --backend ring` (or
+    `mlx.launch`'s) sets MLX_RANK and MLX_HOSTFILE, a file listing the ranks' addresses (empty with
+    one host).
     """
     if "OMPI_COMM_WORLD_SIZE" in environ:
         return Launch("mpi", int(environ["OMPI_COMM_WORLD_SIZE"]))
@@ -74,7 +75,8 @@ def world_size_problem(
         return message + (
             "Each process would train alone. Likely causes: MLX could not load the MPI library "
             "(on Linux set MLX_MPI_LIBNAME=libmpi.so.40, on macOS DYLD_LIBRARY_PATH=/opt/homebrew/lib, "
-            "and pass them with mpirun -x), or the script was not started by mpirun / mlx.launch."
+            "and pass them with mpirun -x), or the script was not started by mpirun / mlx-cluster-launch "
+            "(or mlx.launch)."
         )
     return message + (
         "Likely cause: the launcher was given another hostfile or number of ranks (mpirun -np) than "

@@ -401,7 +401,8 @@ def run(
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     environ = os.environ if environ is None else environ
-    # Piped stdout (mpirun, mlx.launch) is block-buffered: progress must stream back line by line.
+    # Piped stdout (mpirun, mlx-cluster-launch or mlx.launch) is block-buffered: progress must stream
+    # back line by line.
     if reconfigure := getattr(sys.stdout, "reconfigure", None):
         reconfigure(line_buffering=True)
     prefix = ""

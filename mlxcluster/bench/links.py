@@ -7,7 +7,7 @@ links, and renders the table and the PNG. All plain functions of their inputs bu
 
 One rank per node, whatever a node's slots: the benchmark measures links, and ranks that share
 a node talk through its memory, not over the cable. mpirun gets one rank per node with
-`-np <nodes> --map-by node`; mlx.launch gets a hosts file with one entry per node.
+`-np <nodes> --map-by node`; mlx-cluster-launch gets a hosts file with one entry per node.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def program(layout: Cluster, *, max_bytes: int, tag: str) -> list[str]:
 def job(layout: Cluster, backend: str, *, max_bytes: int, tag: str,
         envs: Sequence[str] = ()) -> builder.Job:
     """The benchmark launched as invoke train launches (env.sh, the cluster link pinned), with
-    one rank per node: mpirun maps by node, mlx.launch gets a hosts file with one entry each."""
+    one rank per node: mpirun maps by node, mlx-cluster-launch gets a hosts file with one entry each."""
     return builder.Job(program(layout, max_bytes=max_bytes, tag=tag), backend=backend,
                       map_by_node=backend == "mpi",
                       ring_hosts_file=HOSTS_FILE if backend == "ring" else None, mlx_envs=envs)
@@ -135,7 +135,7 @@ def measure(rec: Recorded, layout: Cluster, backend: str, *, max_bytes: int, tag
     except KeyboardInterrupt:
         raise Interrupted("interrupted: the benchmark was stopped on every node") from None
     doc = extract("\n".join(relayed.held_back))
-    if relayed.code != 0 or doc is None:  # mlx.launch exits 0 even when a rank failed
+    if relayed.code != 0 or doc is None:  # a rank may fail after rank 0 printed
         raise LinkBenchError(builder.failure_report(layout, backend, relayed.code, relayed.output,
                                                    rec.inventory), code=relayed.code or 1)
     return doc

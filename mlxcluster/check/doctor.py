@@ -82,7 +82,7 @@ def probe_node(cluster: Cluster, node: Node, timeout: float = 60) -> dict[str, A
 
 def mpi_job(cluster: Cluster, program: Sequence[str], timeout: float = 60,
             backend: str = "mpi") -> tuple[int, str]:
-    """Run `program` on every slot from the launcher (mpirun, or mlx.launch with ring), as every
+    """Run `program` on every slot from the launcher (mpirun, or mlx-cluster-launch with ring), as every
     launch does. In the cluster root: the work directory appears only with the first run."""
     job = builder.Job(program, backend=backend, workdir=cluster.head.cluster_root)
     try:

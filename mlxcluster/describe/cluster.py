@@ -321,7 +321,7 @@ class Recorded:
 
     @property
     def mlx_envs(self) -> list[str]:
-        """What mlx.launch exports on every rank (hostfile_mlx_envs), as provisioning rendered it
+        """What MLX's launcher exports on every rank (hostfile_mlx_envs), as provisioning rendered it
         into hosts.json; a hosts file written at launch (JACCL's, a benchmark's) carries them too."""
         try:
             return list(json.loads(self.hosts_json.read_text()).get("envs", []))

@@ -242,11 +242,12 @@ def backend_problem(backend: str, hosts: Sequence[str], links: Sequence[Cable]) 
 def mlx_hostfile(backend: str, hosts: Sequence[str], links: Sequence[Cable],
                  ssh: Mapping[str, str], coordinator: Mapping[str, str] | None = None,
                  envs: Sequence[str] = (), management: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The hostfile mlx.launch reads for `backend` ("ring", "jaccl", "jaccl-ring"), one node per
-    rank: `ssh` is how the launcher reaches each host, `coordinator` each host's address that
-    JACCL's ranks meet at (the management network's). Given each host's `management` address, a
-    ring's neighbours without a cable may talk over the management network (ring_over_gaps: the
-    nodes a ring of cables has left after a fault); a rank whose left neighbour is one listens there."""
+    """MLX's hosts file for `backend` ("ring", "jaccl", "jaccl-ring"), which mlx-cluster-launch reads
+    (and mlx.launch, run by hand), one node per rank: `ssh` is how the launcher reaches each host,
+    `coordinator` each host's address that JACCL's ranks meet at (the management network's). Given
+    each host's `management` address, a ring's neighbours without a cable may talk over the
+    management network (ring_over_gaps: the nodes a ring of cables has left after a fault); a rank
+    whose left neighbour is one listens there."""
     order = ring_over_gaps(hosts, links) if backend == "ring" and management else None
     if order is None and (problem := backend_problem(backend, hosts, links)):
         raise ValueError(problem)
@@ -261,7 +262,7 @@ def mlx_hostfile(backend: str, hosts: Sequence[str], links: Sequence[Cable],
         left, right = order[i - 1], order[(i + 1) % len(order)]
         if backend == "ring":
             # MLX's ring wants as many connections on every side: the management address as
-            # often as the cables are (mlx.launch gives each its own port).
+            # often as the cables are (the launcher gives each its own port).
             ips = ([cable.address_of(host) for cable in joined[host][left][:count]] if left in joined[host]
                    else [management[host]] * count if management else [])
             entries.append({"ssh": ssh[host], "ips": ips, "rdma": []})

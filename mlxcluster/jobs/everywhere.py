@@ -58,7 +58,7 @@ NAMED_LEFT_OUT = 5  # the names a note shows of what a --ship folder left out; t
 # project has (.git, .venv).
 LEFT_OUT_KINDS = ("link", "special", "secret", "hidden")
 
-# Set on every rank from the launcher's own variables: Open MPI's, or mlx.launch's MLX_RANK (which
+# Set on every rank from the launcher's own variables: Open MPI's, or MLX_RANK (mlx-cluster-launch
 # starts one rank per host entry: local rank 0 of 1); one rank alone: 0 of 1.
 RANK_SETUP = (
     'export RANK="${OMPI_COMM_WORLD_RANK:-${MLX_RANK:-0}}" LOCAL_RANK="${OMPI_COMM_WORLD_LOCAL_RANK:-0}" '
@@ -292,11 +292,11 @@ def free_port(head: Node) -> int:
 
 def launcher_for(cluster: Cluster, program: Sequence[str], backend: str | None) -> str:
     """The backend that starts the program: mpirun by default, as it starts any program; MLX's own
-    (ring, jaccl, jaccl-ring: mlx.launch) when asked, for Python programs only."""
+    (ring, jaccl, jaccl-ring: the venv's mlx-cluster-launch) when asked, for Python programs only."""
     backend = builder.backend_for(cluster, backend or "mpi")
     name = PurePosixPath(program[0]).name
     if backend in builder.MLX_BACKENDS and name not in PYTHONS and not name.startswith("python3."):
-        raise UserError(f"--backend {backend}: mlx.launch starts Python programs only, not "
+        raise UserError(f"--backend {backend}: MLX's backends start Python programs only, not "
                         f"{program[0]!r}: invoke run --backend {backend} -- python job.py ...; or leave "
                         "out --backend (mpirun starts any program)")
     return backend
@@ -311,7 +311,7 @@ def plan(cluster: Cluster, program: Sequence[str], *, ship: Path | None = None, 
     sent, program, workdir, notices = shipped(cluster, program, ship, cwd or Path.cwd())
     steps += sent
     marker = marker or new_marker()
-    # mlx.launch runs the venv's python whatever the program calls it.
+    # The launcher of MLX's backends runs the venv's python whatever the program calls it.
     job = builder.Job(["python", *program[1:]] if launcher in builder.MLX_BACKENDS else program,
                       backend=launcher, interface=interface, interactive=interactive, workdir=workdir,
                       env=tuple(rendezvous(cluster, port).items()), rank_setup=RANK_SETUP, tag=marker)
@@ -342,7 +342,7 @@ def run(cluster: Cluster | Recorded, program: list[str], *, ship: Path | None = 
         return
     try:
         # Without a tty (output piped, CI, a service), ssh hangs nothing up on the launcher: the
-        # job is stopped there, and mpirun or mlx.launch stops every rank. Its stderr stays its own.
+        # job is stopped there, and mpirun or mlx-cluster-launch stops every rank. Its stderr stays its own.
         with relay.terminated_as_interrupted():
             relayed = relay.supervise(cluster, the_plan.command, the_plan.marker, stderr=None)
     except KeyboardInterrupt:

@@ -333,7 +333,7 @@ def execute(plan: Plan) -> Path:
                           f"{runs.resume_hint(plan.results)}") from None
     pulls.wait()
     collect(plan)
-    # summary.json is written last by rank 0: mlx.launch exits 0 even when a rank failed.
+    # summary.json is written last by rank 0: a launch that exits 0 without it did not finish.
     finished = relayed.code == 0 and (plan.results / "summary.json").exists()
     runs.write_info(plan.results, info | {"status": "finished" if finished else "failed",
                                           "exit_code": relayed.code,

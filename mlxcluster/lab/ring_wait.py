@@ -7,7 +7,7 @@ keeps a core busy (mlx/distributed/ring/ring.cpp). Real Macs each give their ran
 own; here two cores carry every node and every test's ranks, and a rank waiting for its peer took
 the cores from the rank it waited for. Two local ranks, one computing while the other waits in
 all_sum: 2.3 to 2.4 s of CPU without it, 1.5 s with it (three runs each, a quiet machine). The
-pipeline's unit tests (2- and 3-rank rings; tests/unit/ring_ranks.py in mlx.launch's place too):
+pipeline's unit tests (2- and 3-rank rings, their launcher's polling gone too, tests/unit/rings.py):
 197 s of CPU and 113 s against 87 s and 66 s. Only the waiting changes: what recv and send return,
 errors and EAGAIN included, is the same.
 """

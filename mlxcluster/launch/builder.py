@@ -2,8 +2,9 @@
 
 One builder, `command(cluster, job)`, makes the controller's command for invoke train, invoke run,
 invoke doctor's jobs and the benchmarks: ssh to the launcher, source its env.sh, then mpirun
-with the rendered hostfile pinned to the cluster link, `mlx.launch --backend ring|jaccl|jaccl-ring`,
-or (one rank on the launcher) the program alone. `choice_for` says which, and why (`--backend
+with the rendered hostfile pinned to the cluster link, the venv's `mlx-cluster-launch --backend
+ring|jaccl|jaccl-ring` (mlx.launch's place: roles/python_env/files/mlx_cluster_launch.py), or (one
+rank on the launcher) the program alone. `choice_for` says which, and why (`--backend
 auto`: mlxcluster/describe/backends.py). Every rank gets the same environment from `rank_env`, whoever
 launches it. `describe_failure` and `failure_report` say what a failed launch's output means.
 
@@ -28,8 +29,10 @@ from mlxcluster.describe.topology import BACKENDS, backend_problem, mlx_hostfile
 from mlxcluster.errors import UserError
 from mlxcluster.launch import remote
 
-# The backends mlx.launch starts, and the hosts file each reads.
+# The backends of MLX's own that the cluster's launcher starts (as mlx.launch would), from MLX's
+# hosts file. It is in every venv (roles/python_env), run by the venv's python.
 MLX_BACKENDS = ("ring", "jaccl", "jaccl-ring")
+LAUNCHER = "mlx-cluster-launch"
 JACCL_HOSTS_FILE = "jaccl-hosts.json"  # written into the work directory at launch
 # A layout of fewer ranks than provisioned (bench.scaling's, bench.tensor's one process) cannot use
 # the provisioned hosts.json, which lists every node: its own is written there at launch.
@@ -45,7 +48,7 @@ ENV_FILE_VARS = {
 # Markers name a run's processes for pkill: letters, digits, dashes, dots, slashes and spaces.
 _MARKER = re.compile(r"^[\w./ -]+$")
 # Names a job on its launcher's command line when the program's own words may not (invoke run's
-# `hostname`): mpirun (-x) and mlx.launch (--env) hand it to every rank, so their command lines hold
+# `hostname`): mpirun (-x) and LAUNCHER (--env) hand it to every rank, so their command lines hold
 # it and stop_command finds them by it; each rank can read its job's tag.
 JOB_TAG = "MLX_CLUSTER_JOB"
 # One process run directly has no launcher: a tagged one runs under the launcher's python, which
@@ -68,13 +71,13 @@ class Job:
     """What to start on every rank of a cluster, and how.
 
     program: the argv of every rank; a leading "python" is the venv's python.
-    backend: mpi (mpirun + the rendered hostfile), ring (mlx.launch), or direct (one process on
+    backend: mpi (mpirun + the rendered hostfile), ring or jaccl (LAUNCHER), or direct (one process on
       the launcher, no launcher program: see `backend_for`).
     ring_hosts_file: ring only: a file name in the work directory to write this layout's hosts
       file to, instead of using the rendered <cluster_root>/hosts.json.
     hostfile: mpi only: a file name in the work directory to write this layout's hostfile to,
       instead of using the rendered <cluster_root>/hostfile.
-    mlx_envs: what mlx.launch exports on every rank, in a hosts file written at launch (a
+    mlx_envs: what LAUNCHER exports on every rank, in a hosts file written at launch (a
       ring_hosts_file, or JACCL's).
     map_by_node: mpi only: rank i on the i-th node, whatever the hostfile's slots.
     rank_setup: shell commands each rank runs before the program, where the launcher's own
@@ -211,14 +214,14 @@ def set_up(job: Job, program: Sequence[str]) -> list[str]:
 
 
 def _reach(cluster: Cluster, node: Node) -> str:
-    """Where mlx.launch on the launcher reaches `node` by ssh (Cluster.path_towards: a cable
+    """Where LAUNCHER on the launcher reaches `node` by ssh (Cluster.path_towards: a cable
     between them, the bridge, else its management address); the launcher itself at its own."""
     head = cluster.head
     return node.thunderbolt_ip if node.name == head.name else cluster.address_towards(head, node)
 
 
 def ring_hosts(cluster: Cluster, envs: Sequence[str] = ()) -> dict[str, object]:
-    """mlx.launch's ring hosts file for this layout: one entry per rank, the launcher first. In
+    """MLX's ring hosts file for this layout: one entry per rank, the launcher first. In
     links mode MLX's own (mlxcluster/describe/topology.py): each rank's address on the cable to its left
     neighbour, the ranks in ring order as recorded."""
     training = cluster.training_nodes
@@ -234,7 +237,7 @@ def ring_hosts(cluster: Cluster, envs: Sequence[str] = ()) -> dict[str, object]:
 
 
 def jaccl_hosts(cluster: Cluster, backend: str, envs: Sequence[str] = ()) -> dict[str, object]:
-    """mlx.launch's hosts file for JACCL (jaccl or jaccl-ring), in MLX's own format: per rank the
+    """MLX's hosts file for JACCL (jaccl or jaccl-ring), in MLX's own format: per rank the
     RDMA device towards each peer, and rank 0's management address, where the ranks meet."""
     training = cluster.training_nodes
     ssh = {n.name: _reach(cluster, n) for n in training}
@@ -242,44 +245,42 @@ def jaccl_hosts(cluster: Cluster, backend: str, envs: Sequence[str] = ()) -> dic
     return mlx_hostfile(backend, [n.name for n in training], cluster.links(), ssh, meet, envs)
 
 
-# How an mlx.launch rank runs python: as bash's child, not exec'd, so that a rank killed by a
-# signal exits 128 + the signal as a shell reports it (mlx.launch says "Node with rank 2 exited
+# How a rank of LAUNCHER runs python: as bash's child, not exec'd, so that a rank killed by a
+# signal exits 128 + the signal as a shell reports it (the launcher says "Node with rank 2 exited
 # with code 137"), where ssh would exit 255 for a remote process killed outright, as for a lost
-# connection. mlx.launch stops a rank by its shell's pid: the signal is passed on to python.
+# connection. The launcher stops a rank by ending its ssh: the hang-up is passed on to python.
 RANK_WAITS = ("trap 'kill -TERM $p 2>/dev/null' TERM HUP INT; python \"$@\" & p=$!; wait $p; s=$?; "
               "while kill -0 $p 2>/dev/null; do wait $p; s=$?; done; exit $s")
 # The shell that waits must not hold the program's arguments on its command line: a user's
 # `pkill -9 -f training.finetune` on a node would kill it with python, and ssh would exit 255 as
-# for a lost connection. So the shell mlx.launch starts hands them on in the environment and
+# for a lost connection. So the shell the launcher starts hands them on in the environment and
 # execs one whose command line is only its script.
 RANK_ARGS = "MLX_CLUSTER_RANK_ARGS"
 
 
 def rank_script(env_file: str, setup: str = "") -> str:
-    """The `bash -c` script of one mlx.launch rank (its arguments: python's): env.sh sourced,
+    """The `bash -c` script of one LAUNCHER rank (its arguments: python's): env.sh sourced,
     the job's setup, then python run as RANK_WAITS says, by a shell without them in its argv."""
     waits = (f". {shlex.quote(env_file)} || exit $?; {f'{setup}; ' if setup else ''}"
              f'eval "set -- ${RANK_ARGS}"; unset {RANK_ARGS}; {RANK_WAITS}')
     return f'export {RANK_ARGS}="$(printf \'%q \' "$@")"; exec bash -c {shlex.quote(waits)}'
 
 
-def mlx_launch_command(cluster: Cluster, job: Job, env: Mapping[str, str]) -> list[str]:
-    """mlx.launch --backend ring, jaccl or jaccl-ring, run on the launcher, to start the job."""
+def launcher_command(cluster: Cluster, job: Job, env: Mapping[str, str]) -> list[str]:
+    """LAUNCHER --backend ring, jaccl or jaccl-ring, run on the launcher node, to start the job."""
     head = cluster.head
     workdir = job.workdir or head.work_dir
     hosts = (f"{workdir}/{JACCL_HOSTS_FILE}" if job.backend != "ring" else
              f"{workdir}/{job.ring_hosts_file}" if job.ring_hosts_file
              else f"{head.cluster_root}/hosts.json")
-    cmd = [f"{head.venv}/bin/mlx.launch", "--backend", job.backend, "--hostfile", hosts,
-           "--cwd", workdir,
-           # mlx.launch can only pass fixed values, but each rank needs what its own env.sh sets
-           # (the venv first on PATH, OpenBLAS preloaded): so every rank runs bash, which sources
-           # env.sh and then execs the venv's python.
-           "--python", "bash"]
+    cmd = [f"{head.venv}/bin/python", f"{head.venv}/bin/{LAUNCHER}", "--backend", job.backend,
+           "--hostfile", hosts, "--cwd", workdir]
     for name, value in env.items():
         cmd += ["--env", f"{name}={value}"]
-    # The program's own "python" is bash's $0.
-    return [*cmd, "--", "-c", rank_script(str(head.env_file), job.rank_setup), *job.program]
+    # The launcher passes fixed values, but each rank needs what its own env.sh sets (the venv
+    # first on PATH, OpenBLAS preloaded): so every rank runs bash, which sources env.sh and then
+    # runs the venv's python. The program's own "python" is bash's $0.
+    return [*cmd, "--", "bash", "-c", rank_script(str(head.env_file), job.rank_setup), *job.program]
 
 
 def command(cluster: Cluster, job: Job) -> list[str]:
@@ -298,8 +299,8 @@ def command(cluster: Cluster, job: Job) -> list[str]:
             lines = shlex.quote("\n".join(cluster.hostfile_lines()))
             prefix = f"printf '%s\\n' {lines} > {shlex.quote(f'{workdir}/{job.hostfile}')} && "
     elif job.backend in MLX_BACKENDS:
-        argv = mlx_launch_command(cluster, job, env)
-        # A hosts file of this layout's own, written where mlx.launch reads it.
+        argv = launcher_command(cluster, job, env)
+        # A hosts file of this layout's own, written where the launcher reads it.
         written = ((ring_hosts(cluster, job.mlx_envs), job.ring_hosts_file) if job.backend == "ring"
                    else (jaccl_hosts(cluster, job.backend, job.mlx_envs), JACCL_HOSTS_FILE))
         if written[1]:
@@ -324,16 +325,16 @@ def _checked(marker: str) -> str:
 
 def stop_pattern(marker: str) -> str:
     """The pkill pattern of stop_command: a launcher's or a program's command line holding `marker`."""
-    return f"(mpirun|mlx\\.launch|python) .*{_checked(marker)}"
+    return f"(mpirun|{LAUNCHER}|python) .*{_checked(marker)}"
 
 
 def stop_command(cluster: Cluster, marker: str) -> list[str]:
     """Stops a job's launcher (and with it every rank): the processes whose command line holds
-    `marker` (a run's directory, a benchmark's tag, invoke run's JOB_TAG). mpirun stops every rank
-    as it ends; mlx.launch ends without stopping its ranks, so its children (an ssh -tt or a shell
-    per rank, listed first) are stopped once it has ended: a rank's shell stops its program on
-    their hang-up or TERM (RANK_WAITS), on every node."""
-    launchers = f"mlx\\.launch .*{_checked(marker)}"
+    `marker` (a run's directory, a benchmark's tag, invoke run's JOB_TAG). mpirun and LAUNCHER stop
+    every rank as they end. Should LAUNCHER have ended without (killed outright), its children (an
+    ssh -tt or a shell per rank, listed first) are stopped once it has: a rank's shell stops its
+    program on their hang-up or TERM (RANK_WAITS), on every node."""
+    launchers = f"{LAUNCHER} .*{_checked(marker)}"
     return remote.ssh_command(cluster.head, (
         f'ranks=$(for p in $(pgrep -f {shlex.quote(launchers)}); do pgrep -P "$p"; done); '
         f"pkill -TERM -f {shlex.quote(stop_pattern(marker))}; "
@@ -377,7 +378,7 @@ def frozen_nodes(cluster: Cluster, marker: str, timeout: float = 5) -> list[str]
 
 _SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
 _FIRST_FAILED = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]\s*Exit code:\s*(\d+)")
-_RING_EXIT = re.compile(r"Node with rank (\d+) exited with code (-?\d+)")  # mlx.launch; -N: signal N
+_RING_EXIT = re.compile(r"Node with rank (\d+) exited with code (-?\d+)")  # LAUNCHER; -N: signal N
 _RANK_ERROR = re.compile(r"^rank (\d+): (?:error: )?(.+)$", re.MULTILINE)
 _LAST_STEP = re.compile(r"iter\s+(\d+)/(\d+)\s+loss")
 
@@ -388,7 +389,7 @@ def which_rank(cluster: Cluster, output: str) -> str | None:
         by_ip = {n.thunderbolt_ip: n.name for n in cluster.nodes}
         return (f"rank {match[1]} on {by_ip.get(match[2], match[2])} was killed by signal "
                 f"{match[3]}")
-    # mlx.launch says each rank's end as it comes: a rank killed by a signal is the cause, the
+    # LAUNCHER says each rank's end as it comes: a rank killed by a signal is the cause, the
     # others' ends (their peer gone) its effect, whichever is said first.
     for match in _RING_EXIT.finditer(output):
         if signal := _ring_signal(match[2]):
@@ -403,7 +404,7 @@ def which_rank(cluster: Cluster, output: str) -> str | None:
 
 
 def _ring_signal(code: str) -> int | None:
-    """The signal an mlx.launch rank's exit code says it was killed by: -N for a rank run on the
+    """The signal a LAUNCHER rank's exit code says it was killed by: -N for a rank run on the
     launcher itself (Python's returncode), 128 + N for one behind ssh (RANK_WAITS); None: none."""
     number = int(code)
     return -number if number < 0 else number - 128 if 128 < number < 160 else None
@@ -468,7 +469,7 @@ def describe_failure(cluster: Cluster, output: str, code: int | None = None, par
     return "; ".join(parts)
 
 
-# Lines of a failed launch's output that say why (the rest is mpirun's and mlx.launch's boilerplate).
+# Lines of a failed launch's output that say why (the rest is mpirun's and LAUNCHER's boilerplate).
 _CAUSE = re.compile(r"rank \d+: error|^ssh: |Node with rank \d+ exited|Error: |ORTE was unable|"
                     r"exited on signal|Process name:|Exit code:")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

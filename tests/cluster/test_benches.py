@@ -24,7 +24,7 @@ def test_bench_links_measures_every_node_pair_and_all_reduce_on_both_backends(pr
     proc = subprocess.run([INVOKE, "bench.links", "-i", str(provisioned.inventory),
                            "--max-size", "4MB", "--output", str(output)],
                           cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                          timeout=600)  # mlx.launch leaves an inherited stdin non-blocking
+                          timeout=600)  # a launcher may leave an inherited stdin non-blocking
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(output.read_text())
     assert result["nodes"] == NODES

@@ -33,7 +33,7 @@ NODES = (1, 2)
 
 def job_processes(cluster: LabCluster, token: str) -> dict[int, list[int]]:
     """Each node's processes whose command line holds `token` (the ranks, and mpirun's or
-    mlx.launch's own): a node's own are those of its network namespace (hosts.processes)."""
+    mlx-cluster-launch's own): a node's own are those of its network namespace (hosts.processes)."""
     return {node: hosts.processes(cluster.lab, node, token.encode(), python_only=False) for node in NODES}
 
 
@@ -47,8 +47,8 @@ def _ctrl_c_as_at_a_terminal() -> None:
                          ids=["ctrl-c-mpirun", "sigterm-mlx.launch"])
 def test_stopping_invoke_run_stops_every_rank_on_every_node(provisioned, tmp_path, stop, backend):
     """Ctrl-C (SIGINT to invoke alone, as `kill -INT` or a terminal without ssh's tty sends it) over
-    mpirun, and SIGTERM (a service manager's) over mlx.launch, which ends without stopping its
-    ranks: no process of the job is left on either node, and invoke exits 130 with its line."""
+    mpirun, and SIGTERM (a service manager's) over mlx-cluster-launch, which stops its ranks as it
+    ends: no process of the job is left on either node, and invoke exits 130 with its line."""
     token = f"run-job-{uuid.uuid4().hex[:12]}"  # the ranks' own words: not invoke run's tag
     # Files, not pipes: a process left behind holding them must not hold up reading them.
     out, err = tmp_path / "stdout", tmp_path / "stderr"

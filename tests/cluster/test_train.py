@@ -294,10 +294,10 @@ def test_the_examples_run_as_the_docs_say_xgboost_mpi4py_and_mlx_over_the_ring(p
     assert mpi["world_size"] == 2 and mpi["sum_right"] is True and sorted(mpi["hosts"]) == ["node1", "node2"]
     assert "Open MPI" in mpi["mpi"], mpi
 
-    # An MLX program over MLX's own ring backend: mlx.launch starts it, not mpirun.
+    # An MLX program over MLX's own ring backend: the venv's mlx-cluster-launch starts it, not mpirun.
     ring = run_example(provisioned, "--backend", "ring", "--", "python", "-m",
                        "training.examples.logistic_regression", "--steps", "100")
-    assert ring["launcher"] == "mlx.launch" and ring["world_size"] == 2 and ring["accuracy"] == 1.0, ring
+    assert ring["launcher"] == "mlx" and ring["world_size"] == 2 and ring["accuracy"] == 1.0, ring
     assert ring["max_weight_difference_across_ranks"] == 0.0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -115,7 +116,8 @@ def test_each_worker_s_local_rings_listen_on_ports_of_its_own(monkeypatch):
         monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
         words = rings.launch(3)
         firsts.append(int(words[words.index("--starting-port") + 1]))
-        assert words[-1] == "--" and words[words.index("-n") + 1] == "3"
+        hosts = json.loads(Path(words[words.index("--hostfile") + 1]).read_text())["hosts"]
+        assert words[-1] == "--" and [h["ssh"] for h in hosts] == ["127.0.0.1"] * 3
     assert len(set(firsts)) == 3 and max(firsts) + rings.PORTS_PER_WORKER <= 32768
 
 
@@ -129,8 +131,9 @@ time.sleep(60)
 
 
 def test_local_ring_ranks_start_as_mlx_launch_starts_them_and_the_first_failure_stops_them_all():
-    """tests/unit/ring_ranks.py: each rank its MLX_RANK and the ring's hostfile of local ports; rank 1
-    failing stops rank 0 (asleep for a minute) at once, and the launcher exits with rank 1's status."""
+    """The cluster's launcher on local hosts (tests/unit/rings.py): each rank its MLX_RANK and the
+    ring's hostfile of local ports; rank 1 failing stops rank 0 (asleep for a minute) at once, the
+    launcher says so, and exits with rank 1's status (mlx.launch exits 0)."""
     import sys
 
     from tests.unit import rings
@@ -138,7 +141,9 @@ def test_local_ring_ranks_start_as_mlx_launch_starts_them_and_the_first_failure_
     # Within 50 s (or subprocess.run fails the test): rank 0 did not sleep its minute out.
     done = subprocess.run([*rings.launch(2), sys.executable, "-c", RANK_PROGRAM], cwd=REPO,
                           capture_output=True, text=True, timeout=50, stdin=subprocess.DEVNULL)
-    assert done.returncode == 3
+    assert done.returncode == 3, done.stderr
+    assert "Node with rank 1 exited with code 3" in done.stderr
+    assert "Node with rank 0 was stopped (status -15)" in done.stderr
     port = rings.starting_port()
     hosts = json.dumps(json.dumps([[f"127.0.0.1:{port}"], [f"127.0.0.1:{port + 1}"]]))
     assert sorted(done.stdout.splitlines()) == [f"0 {hosts}", f"1 {hosts}"]

@@ -1,7 +1,7 @@
 """The smallest data-parallel MLX program: logistic regression learning OR, from scratch.
 
     invoke run -- python -m training.examples.logistic_regression                  # mpirun, MPI
-    invoke run --backend ring -- python -m training.examples.logistic_regression   # mlx.launch, ring
+    invoke run --backend ring -- python -m training.examples.logistic_regression   # MLX's ring
 
 Every rank builds the same data set, keeps its own shard (every world-size-th example), computes
 the gradient of its shard's loss, and the ranks average their gradients with an all-reduce: each
@@ -42,7 +42,8 @@ def loss_fn(params: dict[str, mx.array], x: mx.array, y: mx.array) -> mx.array:
 
 
 def init_group() -> mx.distributed.Group:
-    """The ranks mpirun (or mlx.launch) started; strict, so a missing MPI library is an error."""
+    """The ranks mpirun (or mlx-cluster-launch, or mlx.launch) started; strict, so a missing MPI
+    library is an error."""
     size = int(os.environ.get("OMPI_COMM_WORLD_SIZE") or os.environ.get("MLX_WORLD_SIZE") or 1)
     if size > 1 or "MLX_RANK" in os.environ:
         return mx.distributed.init(strict=True)
@@ -52,9 +53,10 @@ def init_group() -> mx.distributed.Group:
 
 
 def launcher() -> str:
-    """What started this rank: mlx.launch (MLX's ring or JACCL) sets MLX_RANK, mpirun its own."""
+    """What started this rank: a launcher of MLX's ring or JACCL (the cluster's mlx-cluster-launch,
+    or mlx.launch) sets MLX_RANK, mpirun its own."""
     if "MLX_RANK" in os.environ:
-        return "mlx.launch"
+        return "mlx"
     return "mpirun" if "OMPI_COMM_WORLD_SIZE" in os.environ else "none"
 
 

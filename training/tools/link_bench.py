@@ -1,6 +1,6 @@
 """The link benchmark every rank runs: node-pair latency and bandwidth, and all-reduce bandwidth.
 
-    invoke bench.links     (launches it on one rank per node, with mpirun and with mlx.launch ring)
+    invoke bench.links     (launches it on one rank per node, with mpirun and with mlx-cluster-launch ring)
 
 Everything goes through MLX (`mx.distributed.send` / `recv` / `all_sum` on the CPU stream), so
 the figures are what training sees, on the backend it was launched with:
@@ -73,15 +73,16 @@ def pairs_to_measure(world_size: int, backend: str) -> list[tuple[int, int]]:
 
 
 def detect_backend(environ: Mapping[str, str]) -> str:
-    """The backend of the launcher that started this process (mpirun, or mlx.launch with ring or
-    JACCL, whose ranks get a coordinator and, in a ring, MLX_JACCL_RING)."""
+    """The backend of the launcher that started this process (mpirun, or mlx-cluster-launch (or
+    mlx.launch) with ring or JACCL, whose ranks get a coordinator and, in a ring, MLX_JACCL_RING)."""
     if "OMPI_COMM_WORLD_SIZE" in environ:
         return "mpi"
     if "MLX_JACCL_COORDINATOR" in environ:
         return "jaccl-ring" if "MLX_JACCL_RING" in environ else "jaccl"
     if "MLX_RANK" in environ:
         return "ring"
-    raise BenchError("not started by mpirun or mlx.launch: run it through invoke bench.links")
+    raise BenchError("not started by mpirun or mlx-cluster-launch (or mlx.launch): run it through "
+                     "invoke bench.links")
 
 
 def init_group(backend: str, expected: int | None) -> mx.distributed.Group:

@@ -174,7 +174,7 @@ class Background:
     def __init__(self, command: list[str], log: Path, cwd: Path):
         self.command, self.log, self.started = command, log, time.monotonic()
         with log.open("w") as out:
-            # Its own stdin: mlx.launch makes stdin non-blocking, which would stay so for pytest.
+            # Its own stdin: a launcher may leave it non-blocking (mlx.launch did), and so pytest's.
             self.process = subprocess.Popen(command, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out,
                                             stderr=subprocess.STDOUT, start_new_session=True)
 

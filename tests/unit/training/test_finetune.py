@@ -159,7 +159,7 @@ def test_training_resumes_from_saved_adapters(tiny_run: dict[str, Any], capsys: 
 
 def run_launcher(command: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
     # In its own process group: on a timeout the ranks go down with the launcher. Its own stdin:
-    # mlx.launch makes stdin non-blocking, which would stay so for pytest and later ansible runs.
+    # a launcher may leave it non-blocking (mlx.launch did), and so pytest's and later ansible runs'.
     with subprocess.Popen(
         command,
         cwd=REPO,
@@ -214,7 +214,7 @@ def test_a_launch_with_fewer_ranks_than_expected_stops_every_rank(tiny_run: dict
 
     for rank in (0, 1):
         assert f"rank {rank}: MLX joined 2 process(es) but 3 were expected" in result.stderr
-    # The launcher stops the others once one fails, and exits with its status (tests/unit/ring_ranks.py).
+    # The launcher stops the others once one fails, and exits with its status (tests/unit/rings.py).
     assert result.returncode == 1, result.stderr[-2000:]
     assert not (root / "three").exists()
 

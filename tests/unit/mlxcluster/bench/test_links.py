@@ -122,14 +122,15 @@ def test_ring_launch_writes_a_hosts_file_with_one_entry_per_node():
                      "hosts": [{"ssh": "10.0.0.1", "ips": ["10.0.0.1"]},
                                {"ssh": "10.0.0.2", "ips": ["10.0.0.2"]}]}
     assert words[words.index(">") + 1] == "/opt/mlx-cluster/work/link-bench-hosts.json"
-    mlx_launch = words[words.index("/opt/mlx-cluster/venv/bin/mlx.launch"):]
-    assert mlx_launch[1:9] == ["--backend", "ring", "--hostfile",
-                               "/opt/mlx-cluster/work/link-bench-hosts.json", "--cwd",
-                               "/opt/mlx-cluster/work", "--python", "bash"]
-    rest = mlx_launch[mlx_launch.index("--"):]  # after the ranks' --env settings
-    assert rest[:3] == ["--", "-c", builder.rank_script("/opt/mlx-cluster/env.sh")]
+    launcher = words[words.index("/opt/mlx-cluster/venv/bin/mlx-cluster-launch") - 1:]
+    assert launcher[:8] == ["/opt/mlx-cluster/venv/bin/python",
+                            "/opt/mlx-cluster/venv/bin/mlx-cluster-launch", "--backend", "ring",
+                            "--hostfile", "/opt/mlx-cluster/work/link-bench-hosts.json",
+                            "--cwd", "/opt/mlx-cluster/work"]
+    rest = launcher[launcher.index("--"):]  # after the ranks' --env settings
+    assert rest[:4] == ["--", "bash", "-c", builder.rank_script("/opt/mlx-cluster/env.sh")]
     # The pair message is capped at 64 MB even when the all-reduce goes further.
-    assert rest[3:10] == ["python", "-m", "training.tools.link_bench", "--max-size", str(256 << 20),
+    assert rest[4:11] == ["python", "-m", "training.tools.link_bench", "--max-size", str(256 << 20),
                           "--pair-bytes", str(64 << 20)]
 
 
@@ -259,7 +260,7 @@ def launch_two_ranks(*args: str) -> subprocess.CompletedProcess:
     launch = rings.launch(2)
     return subprocess.run([*launch, sys.executable, "-m", "training.tools.link_bench", *args],
                           cwd=REPO, capture_output=True, text=True, timeout=180,
-                          stdin=subprocess.DEVNULL)  # mlx.launch makes its stdin non-blocking
+                          stdin=subprocess.DEVNULL)  # none of pytest's for the ranks
 
 
 def test_two_local_ranks_measure_their_pairs_and_all_reduce(tmp_path):

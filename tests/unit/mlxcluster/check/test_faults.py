@@ -1,5 +1,5 @@
 """What stopped a run, and on which node (mlxcluster/check/faults.py): each cause told apart from
-launch outputs as mpirun and mlx.launch print them, and from the node checks."""
+launch outputs as mpirun and mlx-cluster-launch print them, and from the node checks."""
 
 from __future__ import annotations
 

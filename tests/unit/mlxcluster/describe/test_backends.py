@@ -75,7 +75,7 @@ def test_the_recorded_choice_is_what_auto_means_and_a_named_backend_wins():
         builder.choice_for(cabled(RING4, {}), "mpi")
 
 
-def test_a_jaccl_launch_writes_mlxs_hosts_file_and_starts_mlx_launch_with_it():
+def test_a_jaccl_launch_writes_mlxs_hosts_file_and_starts_the_venv_s_launcher_with_it():
     ring = cabled(RING4, dict.fromkeys(["mac1", "mac2", "mac3", "mac4"], ALL_PORTS))
     job = builder.Job(["python", "-m", "training.finetune"], backend=builder.backend_for(ring, None))
     line = builder.command(ring, job)[-1]
@@ -91,7 +91,7 @@ def test_a_jaccl_launch_writes_mlxs_hosts_file_and_starts_mlx_launch_with_it():
     assert [h["ssh"] for h in written["hosts"]] == [
         ring.head.thunderbolt_ip, "192.168.200.2", "mac3.local", "192.168.200.13"]
     hosts_file = "/opt/mlx/work/jaccl-hosts.json"
-    assert f"/opt/mlx/venv/bin/mlx.launch --backend jaccl-ring --hostfile {hosts_file}" in line
+    assert f"/opt/mlx/venv/bin/mlx-cluster-launch --backend jaccl-ring --hostfile {hosts_file}" in line
 
 
 def test_a_jaccl_hosts_file_carries_the_envs_provisioning_rendered(tmp_path):

@@ -121,7 +121,7 @@ def test_every_pair_of_a_ring_of_four_is_reached_by_its_cable_or_the_management_
         "copy the model from node1 to node2 over the cluster link",
         "copy the model from node1 to node3 over the management network (no cable)",
         "copy the model from node1 to node4 over the cluster link"]
-    # And mlx.launch reaches each rank the way the role's hostfile does.
+    # And mlx-cluster-launch reaches each rank the way the role's hostfile does.
     from mlxcluster.launch import builder
 
     assert [h["ssh"] for h in builder.ring_hosts(cluster)["hosts"]] == [

@@ -258,24 +258,26 @@ def test_every_rank_of_two_nodes_gets_its_rank_from_mpirun_and_the_launcher_s_ad
                         "import os; print(os.environ['RANK'])"]
 
 
-def test_a_python_program_runs_over_mlx_s_ring_with_its_rank_from_mlx_launch():
+def test_a_python_program_runs_over_mlx_s_ring_with_its_rank_from_the_venv_s_launcher():
     cluster = Cluster.from_json(lab_layout())
     plan = everywhere.plan(cluster, ["python3", "-m", "training.examples.logistic_regression"],
                            backend="ring", port=40000)
     words = shlex.split(plan.command[-1])
-    assert any(w.endswith("/bin/mlx.launch") for w in words) and words[words.index("--backend") + 1] == "ring"
+    assert any(w.endswith("/bin/mlx-cluster-launch") for w in words)
+    assert words[words.index("--backend") + 1] == "ring"
     assert {"MASTER_ADDR=10.78.5.11", "WORLD_SIZE=2"} <= {words[i + 1] for i, w in enumerate(words)
                                                           if w == "--env"}
-    script = words[words.index("--") + 2]
+    assert words[words.index("--") + 1:words.index("--") + 3] == ["bash", "-c"]
+    script = words[words.index("--") + 3]
     assert script == builder.rank_script("/opt/mlx-cluster/env.sh", everywhere.RANK_SETUP)
-    assert words[words.index("--") + 3:] == ["python", "-m", "training.examples.logistic_regression"]
+    assert words[words.index("--") + 4:] == ["python", "-m", "training.examples.logistic_regression"]
     with pytest.raises(UserError, match="Python programs only"):
         everywhere.plan(cluster, ["hostname"], backend="ring")
     with pytest.raises(UserError, match="--backend must be"):
         everywhere.plan(cluster, ["python", "-c", "1"], backend="carrier-pigeon")
 
 
-def test_the_rank_setup_reads_mpirun_s_rank_else_mlx_launch_s_else_one_alone():
+def test_the_rank_setup_reads_mpirun_s_rank_else_mlx_s_launcher_s_else_one_alone():
     def ranks(env: dict[str, str]) -> list[str]:
         echo = '; echo "$RANK $LOCAL_RANK $DMLC_TASK_ID"'
         said = subprocess.run(["sh", "-c", everywhere.RANK_SETUP + echo], env=env, capture_output=True,
@@ -291,14 +293,14 @@ def test_the_rank_setup_reads_mpirun_s_rank_else_mlx_launch_s_else_one_alone():
 
 def launcher_command_line(command: list[str]) -> str:
     """The command line (as pkill -f reads it) of the process that holds the job on the launcher
-    once the launch line has run: mpirun, mlx.launch under the venv's python, or (one rank alone)
+    once the launch line has run: mpirun, mlx-cluster-launch under the venv's python, or (one rank alone)
     the python that waits for the program."""
     words = shlex.split(command[-1])
     for i, word in enumerate(words):
         if word.endswith("/bin/mpirun"):
             return " ".join(words[i:])
-        if word.endswith("/bin/mlx.launch"):
-            return " ".join(["/opt/mlx-cluster/venv/bin/python", *words[i:]])
+        if word.endswith("/bin/mlx-cluster-launch"):
+            return " ".join(words[i - 1:])  # the venv's python runs it
     after_env = words.index("env") + 1
     while "=" in words[after_env]:
         after_env += 1
@@ -333,31 +335,35 @@ def test_the_job_is_tagged_where_the_stop_command_finds_it_whatever_the_program(
     assert not re.search(stop_pattern(builder.stop_command(cluster, everywhere.new_marker() + "x")), line)
 
 
-def test_the_stop_command_stops_mlx_launch_s_ranks_as_well_as_it(tmp_path):
-    """mlx.launch ends on SIGTERM without stopping its children (an ssh -tt per rank), which would
-    leave every rank running: the stop command lists them first and stops them once it ended."""
+def test_the_stop_command_stops_the_launcher_and_every_rank_it_started(tmp_path):
+    """The venv's launcher, installed as the role installs it and started under a job's tag, ends on
+    the stop command's SIGTERM with 143 and takes its ranks (whose words hold no tag) with it."""
+    from tests.unit import rings
+
     marker = f"job-{uuid.uuid4().hex}"
     token = f"rank-{uuid.uuid4().hex}"  # the rank's own words do not hold the job's tag
-    launcher = tmp_path / "bin" / "mlx.launch"  # ends on SIGTERM as mlx.launch does, its child left
+    launcher = tmp_path / "bin" / builder.LAUNCHER
     launcher.parent.mkdir()
-    launcher.write_text("import subprocess, sys, time\n"
-                        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)',"
-                        f" {token!r}])\n"
-                        "time.sleep(120)\n")
-    started = subprocess.Popen([sys.executable, str(launcher), "--env", f"MLX_CLUSTER_JOB={marker}"],
-                               stdin=subprocess.DEVNULL)
+    launcher.write_text(rings.LAUNCHER.read_text())
+    started = subprocess.Popen([sys.executable, str(launcher), "--hostfile", str(rings.local_hosts(2)),
+                                "--env", f"{builder.JOB_TAG}={marker}", "--", sys.executable, "-c",
+                                "import time; time.sleep(120)", token],
+                               stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
+        ranks = f"^{re.escape(sys.executable)} -c .*{token}"  # not the launcher, whose argv holds it too
         deadline = time.monotonic() + 30
-        while not pids_holding(token) and time.monotonic() < deadline:
+        while len(pids_holding(ranks)) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert pids_holding(token), "the rank never started"
+        assert len(pids_holding(ranks)) == 2, "the ranks never started"
         here = Cluster.from_json(dict(lab_layout(), nodes=[dict(lab_layout()["nodes"][0],
                                                                   connection={"type": "local"})]))
         builder.stop(here, marker)
-        assert started.wait(timeout=30) == -signal.SIGTERM
+        assert started.wait(timeout=30) == 128 + signal.SIGTERM
         gone_within(30, token)
+        assert started.communicate(timeout=10)[1].count("was stopped (status -15)") == 2
     finally:
         started.kill()
+        started.stderr.close()
         subprocess.run(["pkill", "-KILL", "-f", token], check=False, stdin=subprocess.DEVNULL)
 
 

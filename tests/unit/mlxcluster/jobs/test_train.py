@@ -85,18 +85,18 @@ def test_a_plan_reads_the_settings_twice_the_user_s_then_the_ranks_and_carries_t
     assert the_plan.request.settings is the_plan.request.settings  # resolved once, then carried
 
 
-def test_ring_backend_uses_mlx_launch_and_the_rendered_hosts_json():
+def test_ring_backend_uses_the_venv_s_launcher_and_the_rendered_hosts_json():
     line = plan(Cluster.from_json(lab_layout()), config="/c/my.yaml", backend="ring").launch[-1]
-    assert "/opt/mlx-cluster/venv/bin/mlx.launch --backend ring --hostfile " \
-           "/opt/mlx-cluster/hosts.json" in line
+    assert "/opt/mlx-cluster/venv/bin/python /opt/mlx-cluster/venv/bin/mlx-cluster-launch --backend ring " \
+           "--hostfile /opt/mlx-cluster/hosts.json" in line
     assert "--config /opt/mlx-cluster/work/config/my.yaml" in line
-    assert "--python bash " in line
-    assert f" -- -c {shlex.quote(builder.rank_script('/opt/mlx-cluster/env.sh'))} python " \
+    assert f" -- bash -c {shlex.quote(builder.rank_script('/opt/mlx-cluster/env.sh'))} python " \
            "-m training.finetune " in line
 
 
 def test_ring_ranks_run_the_python_their_env_file_selects(tmp_path):
-    """What mlx.launch runs per rank: `bash <args after -->`; env.sh picks python and LD_PRELOAD."""
+    """What the launcher runs per rank: the args after `--` (bash -c ...); env.sh picks python and
+    LD_PRELOAD."""
     (tmp_path / "bin").mkdir()
     fake_python = tmp_path / "bin" / "python"
     fake_python.write_text('#!/bin/sh\necho "venv python $LD_PRELOAD $*"\n')
@@ -106,9 +106,9 @@ def test_ring_ranks_run_the_python_their_env_file_selects(tmp_path):
     layout = lab_layout()
     layout["nodes"][0]["env_file"] = str(env_file)
     launch_cmd = plan(Cluster.from_json(layout), backend="ring").launch
-    mlx_launch = shlex.split(launch_cmd[-1].split(" && ", 1)[1])
-    rank_args = mlx_launch[mlx_launch.index("--") + 1:]
-    out = subprocess.run(["bash", *rank_args], capture_output=True, text=True, check=True).stdout
+    launcher = shlex.split(launch_cmd[-1].split(" && ", 1)[1])
+    rank_args = launcher[launcher.index("--") + 1:]
+    out = subprocess.run(rank_args, capture_output=True, text=True, check=True).stdout
     assert out.startswith("venv python libopenblas.so.0 -m training.finetune --model ")
 
 

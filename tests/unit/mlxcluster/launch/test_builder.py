@@ -162,8 +162,8 @@ def test_a_rank_killed_while_its_node_counted_no_out_of_memory_kill_was_killed_f
 
 
 def rank_shell(tmp_path: Path, *program: str) -> subprocess.Popen:
-    """One mlx.launch rank as ssh starts it on its node: `bash -c <rank_script> python ...`, with
-    an env.sh that puts this interpreter first on PATH as `python`."""
+    """One rank of mlx-cluster-launch as ssh starts it on its node: `bash -c <rank_script> python
+    ...`, with an env.sh that puts this interpreter first on PATH as `python`."""
     (tmp_path / "bin").mkdir(exist_ok=True)
     if not (tmp_path / "bin" / "python").exists():
         (tmp_path / "bin" / "python").symlink_to(sys.executable)
@@ -205,7 +205,7 @@ def test_a_rank_s_arguments_reach_python_intact_after_its_env_file_and_setup(tmp
 
 def test_pkill_f_of_the_program_kills_python_alone_and_its_rank_exits_as_killed(tmp_path):
     """What a user does on a node (`pkill -9 -f training.finetune`) kills the rank's python, not
-    the shell that waits for it: the rank exits 137, which mlx.launch reports and describe_failure
+    the shell that waits for it: the rank exits 137, which the launcher reports and describe_failure
     names as a kill, where a killed shell would make ssh exit 255, as for a lost connection."""
     token = f"training.finetune.{uuid.uuid4().hex}"
     rank = rank_shell(tmp_path, "-c", "import time; time.sleep(120)", token)
@@ -216,7 +216,8 @@ def test_pkill_f_of_the_program_kills_python_alone_and_its_rank_exits_as_killed(
     ring = f"[WARN] Node with rank 2 exited with code {rank.returncode}\n"
     assert describe_failure(layout(), ring).startswith("rank 2 on node2 was killed by signal 9")
     assert not pids_holding(token)
-    # mlx.launch stops a rank by its shell's pid: the signal reaches python.
+    # The launcher stops a rank by ending its ssh, whose hang-up reaches the rank's shell (a local
+    # rank's shell gets TERM, as here): its trap passes TERM on to python.
     rank = rank_shell(tmp_path, "-c", "import time; time.sleep(120)", token)
     assert len(started(rank, token)) == 1
     rank.send_signal(signal.SIGTERM)
@@ -278,10 +279,10 @@ def test_a_layouts_ring_hosts_file_has_one_entry_per_rank_like_the_rendered_one(
 
 def test_the_stop_command_targets_only_this_runs_processes():
     cmd = builder.stop_command(layout(), "--tag links-20260101-000000")
-    # mlx.launch's children (a rank each) listed first, stopped once it has ended.
-    assert cmd[-1] == ("ranks=$(for p in $(pgrep -f 'mlx\\.launch .*--tag links-20260101-000000'); do "
+    # The launcher's children (a rank each) listed first, stopped once it has ended.
+    assert cmd[-1] == ("ranks=$(for p in $(pgrep -f 'mlx-cluster-launch .*--tag links-20260101-000000'); do "
                        'pgrep -P "$p"; done); '
-                       "pkill -TERM -f '(mpirun|mlx\\.launch|python) .*--tag links-20260101-000000'; "
+                       "pkill -TERM -f '(mpirun|mlx-cluster-launch|python) .*--tag links-20260101-000000'; "
                        'for p in $(echo $ranks); do kill -TERM "$p" 2>/dev/null; done')
     assert "python) .*runs/20260101-000000'; " in builder.stop_command(layout(), "runs/20260101-000000")[-1]
     with pytest.raises(ValueError, match="marker"):

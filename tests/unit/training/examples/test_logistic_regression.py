@@ -34,7 +34,7 @@ def test_two_ranks_end_with_the_weights_of_one_process():
     launch = rings.launch(2)
     result = subprocess.run([*launch, sys.executable, *MODULE, "--copies", "3"], cwd=REPO,
                             capture_output=True, text=True, timeout=120,
-                            stdin=subprocess.DEVNULL)  # mlx.launch makes its stdin non-blocking
+                            stdin=subprocess.DEVNULL)  # none of pytest's for the ranks
     assert result.returncode == 0, result.stdout + result.stderr
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
     assert len(lines) == 1  # only rank 0 reports

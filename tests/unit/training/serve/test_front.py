@@ -52,7 +52,7 @@ def test_a_rank_that_dies_tells_the_waiting_clients_why_and_leaves_nothing(long_
         ranks = processes(tag)
         front = next(pid for pid, argv in ranks.items() if "training.serve.front" in argv)
         rank0 = int(ranks[front][ranks[front].index("--rank0") + 1])
-        rank1 = next(pid for pid, argv in ranks.items()  # not mlx.launch: its argv has the tag too
+        rank1 = next(pid for pid, argv in ranks.items()  # not the launcher: its argv has the tag too
                      if pid not in (front, rank0) and argv[1:3] == ["-m", "training.serve"])
         api = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
         ends = {str(len(stand_in.BYTES) + i): -100 for i in range(len(stand_in.SPECIALS))}  # no early end
@@ -86,7 +86,7 @@ def test_a_rank_that_dies_tells_the_waiting_clients_why_and_leaves_nothing(long_
         while processes(tag) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert processes(tag) == {}, "the front or a rank is still running"
-        server.process.wait(timeout=30)  # mlx.launch's own status is 0 here: invoke serve reads its log
+        server.process.wait(timeout=30)  # its status unchecked: invoke serve reads the launcher's log
     finally:
         stop(server.process)
 

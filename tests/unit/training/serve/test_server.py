@@ -94,7 +94,8 @@ def start(root: Path, ranks: int, *extra: str) -> Server:
         program = [*rings.launch(ranks), *program, "--expected-world-size", str(ranks)]
     log = root / f"server-{ranks}-{port}.log"
     with log.open("w") as out:  # the server writes on; this process's copy closes
-        # No stdin: mlx.launch would set a shared one non-blocking (ansible-playbook, later, refuses it).
+        # No stdin: no rank reads this one (mlx.launch set a shared one non-blocking, and
+        # ansible-playbook, later, refused it).
         process = subprocess.Popen(program, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                    start_new_session=True)
     deadline = time.monotonic() + 180
