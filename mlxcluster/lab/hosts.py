@@ -151,6 +151,11 @@ def _cgroup_mounts(root: Path = limits.CGROUP_ROOT) -> str:
 
 
 # The lab node's sshd: keys only, no PAM or DNS, and room for the many sessions a run opens at once.
+# Root's shell files as a fresh Debian's, not this machine's (/root is overlaid on it): a .bashrc
+# starting pyenv, read by bash for every ssh command, made each ansible module run 0.2-0.4 s longer.
+FRESH_ROOT_SHELL = """  rm -f /root/.bashrc /root/.profile /root/.bash_profile /root/.bash_login
+  (cd /usr/share/base-files && cp dot.bashrc /root/.bashrc && cp dot.profile /root/.profile) || :
+"""
 SSHD_CONFIG = """Port 22
 HostKey /etc/ssh/ssh_host_ed25519_key
 PermitRootLogin prohibit-password
@@ -200,7 +205,7 @@ if [ ! -e {d}/booted ]; then
   chmod 600 /etc/ssh/ssh_host_ed25519_key
   rm -rf /root/.ssh
   mkdir -m 700 /root/.ssh
-  echo '{authorized_key}' > /root/.ssh/authorized_keys
+{FRESH_ROOT_SHELL}  echo '{authorized_key}' > /root/.ssh/authorized_keys
   chmod 600 /root/.ssh/authorized_keys
   # Packages install as in a slim Debian image: no manuals or docs, and no man-db index
   # rebuilt after each apt run (a lab host has no reader for them; the package set is the same).

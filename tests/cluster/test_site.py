@@ -183,6 +183,12 @@ def test_each_node_has_mpi_the_venv_and_its_thunderbolt_address(lab_cluster, nod
     # the nodes share (mlxcluster/lab/ring_wait.py): this probe's python too.
     maps = h.run(f"{CLUSTER_ROOT}/venv/bin/python -c 'print(open(\"/proc/self/maps\").read())'")
     assert "/ring-wait-" in maps.stdout, maps.stderr
+    # Root's shell files are a fresh Debian's, not this machine's (whose .bashrc may start pyenv
+    # at every ssh command): mlxcluster/lab/hosts.py's FRESH_ROOT_SHELL.
+    assert h.file("/root/.bashrc").content_string == Path("/usr/share/base-files/dot.bashrc").read_text()
+    # The cluster's launcher of MLX's backends is in the venv, and runs there.
+    launcher = h.run(f"{CLUSTER_ROOT}/venv/bin/python {CLUSTER_ROOT}/venv/bin/mlx-cluster-launch --help")
+    assert launcher.rc == 0 and "--hostfile" in launcher.stdout, launcher.stderr
 
 
 @pytest.mark.parametrize("node", [1, 2, 3])
