@@ -11,11 +11,10 @@ Like a real Mac, a host has two links:
   ``mlab<id>-tb``. It has no address: the ``thunderbolt`` role assigns one from
   inventory (``10.78.<id>.<10+i>``), so the tests exercise that role for real.
 
-Lab hosts have no route to the package registries. Everything they install
-comes from a cache the host fills beforehand (cache.py's
-:func:`prepare_offline_cache`): Debian packages in the host's
-``/var/cache/apt/archives`` and Python wheels in ``/var/cache/mlx-lab/wheels``,
-both seen by every lab host through its /var overlay.
+Lab hosts have no route to the package registries. Everything they install comes from a cache
+the host fills beforehand (cache.py's :func:`prepare_offline_cache`): Debian packages in the
+host's ``/var/cache/apt/archives`` and Python wheels in ``/var/cache/mlx-lab/wheels``, both seen
+by every lab host through its /var overlay.
 
 Only ever addresses inside namespaces this module created are used.
 """
@@ -46,10 +45,9 @@ from mlxcluster.lab.system import run as _run
 
 LAB_ROOT = Path(os.environ.get("MLX_LAB_ROOT", "/srv/mlx-lab"))
 OVERLAID = ("opt", "usr", "etc", "var", "root", "home")
-# MLX's CPU backend compiles its kernels with the C++ compiler on first use and keeps them in
-# /tmp/mlx. A lab node's /tmp is its own and starts empty, so every fresh lab paid tens of seconds
-# per training shape for kernels compiled before. Every lab node mounts this directory there
-# instead: a real node's /tmp keeps its kernels from one run to the next too.
+# MLX's CPU backend compiles its kernels with g++ on first use into /tmp/mlx. A lab node's /tmp
+# starts empty: every fresh lab paid tens of seconds per training shape for kernels compiled
+# before. Every lab node mounts this there: a real node's /tmp keeps its kernels between runs too.
 JIT_CACHE = LAB_ROOT / "mlx-jit-cache"
 THUNDERBOLT_IFACE = "bridge0"
 
@@ -156,7 +154,11 @@ def _cgroup_mounts(root: Path = limits.CGROUP_ROOT) -> str:
 FRESH_ROOT_SHELL = """  rm -f /root/.bashrc /root/.profile /root/.bash_profile /root/.bash_login
   (cd /usr/share/base-files && cp dot.bashrc /root/.bashrc && cp dot.profile /root/.profile) || :
 """
+# Every ssh session's ranks use one BLAS thread (SetEnv; a run's own OPENBLAS_NUM_THREADS wins):
+# the nodes share this machine's cores, where a Mac has its own. OpenBLAS's threads on each rank,
+# spinning while they wait, took a quarter of a 3-node run's CPU (12 steps: 346 s -> 253 s).
 SSHD_CONFIG = """Port 22
+SetEnv OPENBLAS_NUM_THREADS=1
 HostKey /etc/ssh/ssh_host_ed25519_key
 PermitRootLogin prohibit-password
 PasswordAuthentication no
@@ -427,8 +429,7 @@ def down(lab_id: int = 0) -> None:
 
 @contextmanager
 def fresh(nodes: int, lab_id: int, slots: int = 1, cables: str | None = None) -> Iterator[Path]:
-    """A lab of `nodes` new hosts (the offline cache filled first; cabled as `up` cables them),
-    taken down afterwards: its inventory."""
+    """A lab of `nodes` new hosts, cabled as `up` cables them, taken down afterwards: its inventory."""
     prepare_offline_cache()
     down(lab_id)
     try:
@@ -456,8 +457,7 @@ def status(lab_id: int = 0) -> dict[str, object]:
 
 def set_limits(lab: Lab, node: int, cpu_percent: float | None = None, memory_bytes: int | None = None,
                off: bool = False) -> str:
-    """invoke lab.limit: make node `node` slower (a CPU quota) or smaller (a memory limit), or lift
-    both; what it now has, said."""
+    """invoke lab.limit: node `node` slower (a CPU quota) or smaller (a memory limit), or neither."""
     if os.geteuid() != 0:
         raise limits.LimitError("limiting a lab node needs root (it writes control groups)")
     if node not in lab.nodes():

@@ -186,6 +186,8 @@ def test_each_node_has_mpi_the_venv_and_its_thunderbolt_address(lab_cluster, nod
     # Root's shell files are a fresh Debian's, not this machine's (whose .bashrc may start pyenv
     # at every ssh command): mlxcluster/lab/hosts.py's FRESH_ROOT_SHELL.
     assert h.file("/root/.bashrc").content_string == Path("/usr/share/base-files/dot.bashrc").read_text()
+    # One BLAS thread for the ranks of a node: the nodes share this machine's cores (hosts.py's sshd).
+    assert h.run("echo $OPENBLAS_NUM_THREADS").stdout.strip() == "1"
     # The cluster's launcher of MLX's backends is in the venv, and runs there.
     launcher = h.run(f"{CLUSTER_ROOT}/venv/bin/python {CLUSTER_ROOT}/venv/bin/mlx-cluster-launch --help")
     assert launcher.rc == 0 and "--hostfile" in launcher.stdout, launcher.stderr

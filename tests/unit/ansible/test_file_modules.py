@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from filter_plugins.managed_files import files_in, managed_block
+from filter_plugins.managed_files import files_in, local_mode, managed_block
 
 LIBRARY = Path(__file__).resolve().parents[3] / "library"
 
@@ -134,3 +134,14 @@ def test_files_in_lists_the_named_contents_under_one_directory():
 ])
 def test_managed_block_reads_the_block_blockinfile_wrote(text, lines):
     assert managed_block(text, "# {mark} m") == lines
+
+
+def test_local_mode_says_a_controller_path_s_mode_or_none_where_there_is_nothing(tmp_path):
+    """What skips base.yml's fact cache task where the folder is private already."""
+    folder = tmp_path / "facts"
+    assert local_mode(str(folder)) is None
+    folder.mkdir(mode=0o755)
+    folder.chmod(0o755)
+    assert local_mode(str(folder)) == "0755"
+    folder.chmod(0o700)
+    assert local_mode(str(folder)) == "0700"
