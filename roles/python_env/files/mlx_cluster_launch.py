@@ -74,6 +74,11 @@ def rank_script(rank: int, cwd: str | None, envs: list[str], files: dict, comman
     return "; ".join(parts)
 
 
+def remote(host: dict) -> bool:
+    """Whether a host's rank runs over ssh (every host but LOCAL)."""
+    return host["ssh"] != LOCAL
+
+
 def copy(source, target_fd: int) -> None:
     """Pass a rank's stream on as it comes (blocking reads: no polling), whole chunks at a time."""
     while chunk := os.read(source.fileno(), 65536):
@@ -110,7 +115,7 @@ def launch(hosts: list[dict], scripts: list[str]) -> int:
     for rank, (host, script) in enumerate(zip(hosts, scripts, strict=True)):
         if stopping:
             break  # stopped while starting: the rest never start
-        argv = (["bash", "-c", script] if host["ssh"] == LOCAL else [*SSH, host["ssh"], script])
+        argv = [*SSH, host["ssh"], script] if remote(host) else ["bash", "-c", script]
         # Its own stdin, never written: ssh -tt needs one, and the rank must not read the launcher's.
         process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE)
@@ -157,9 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with open(args.hostfile) as file:
             read = json.load(file)
-        hosts = read["hosts"] if isinstance(read, dict) else read
-        backend = args.backend or (read.get("backend") if isinstance(read, dict) else None) or "ring"
-        envs = [*(read.get("envs", []) if isinstance(read, dict) else []), *args.env]
+        # MLX's format: {"backend", "envs", "hosts"}, or the hosts alone.
+        document = read if isinstance(read, dict) else {"hosts": read}
+        hosts = document["hosts"]
+        backend = args.backend or document.get("backend") or "ring"
+        envs = [*document.get("envs", []), *args.env]
         if not hosts or not all(isinstance(h, dict) and h.get("ssh") for h in hosts):
             raise ValueError("every host needs its ssh name")
         # A ring listens on every host's addresses; JACCL's ranks meet at rank 0's.
@@ -171,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     columns, lines = shutil.get_terminal_size((0, 0))
     if columns > 0 and os.isatty(1) and not any(e.startswith("COLUMNS=") for e in envs):
         envs += [f"COLUMNS={columns}", f"LINES={lines}"]  # rank 0's progress bar fits the terminal
-    scripts = [rank_script(rank, args.cwd, [*envs, *backend_envs], files, command, host["ssh"] != LOCAL)
+    scripts = [rank_script(rank, args.cwd, [*envs, *backend_envs], files, command, remote(host))
                for rank, host in enumerate(hosts)]
     return launch(hosts, scripts)
 
