@@ -80,11 +80,22 @@ def remote(host: dict) -> bool:
 
 
 def copy(source, target_fd: int) -> None:
-    """Pass a rank's stream on as it comes (blocking reads: no polling), whole chunks at a time."""
+    """Pass a rank's stream on as it comes (blocking reads: no polling), whole lines at a time (up to
+    a newline or a progress bar's carriage return): two ranks' lines never run into each other."""
+    pending = b""
     while chunk := os.read(source.fileno(), 65536):
-        with _WRITE:
-            while chunk:
-                chunk = chunk[os.write(target_fd, chunk):]
+        pending += chunk
+        cut = max(pending.rfind(b"\n"), pending.rfind(b"\r")) + 1
+        if cut:
+            write(pending[:cut], target_fd)
+            pending = pending[cut:]
+    write(pending, target_fd)
+
+
+def write(data: bytes, target_fd: int) -> None:
+    with _WRITE:
+        while data:
+            data = data[os.write(target_fd, data):]
 
 
 def say(line: str) -> None:
