@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -91,6 +92,31 @@ def test_the_launcher_waits_without_spending_the_cpu_its_ranks_need(tmp_path):
     process.returncode = os.waitstatus_to_exitcode(status)
     assert process.returncode == 0 and len(lines) == 60  # every line of both ranks passed on
     assert usage.ru_utime + usage.ru_stime < 1.0, usage
+
+
+def test_two_ranks_lines_written_in_pieces_come_out_whole(tmp_path):
+    """Each rank writes every line in two pieces with a pause between them (as a JSON row or a
+    progress bar written in parts is): the launcher passes each rank's output on in whole lines,
+    so no line of one rank ever runs into a line of the other (a clean-clone CI run once read two
+    ranks' JSON rows as one line)."""
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(json.dumps({"hosts": local(2)}))
+    pieces = ("import os, sys, time\n"
+              "rank = os.environ['MLX_RANK']\n"
+              "for i in range(12):\n"
+              "    sys.stdout.write(f'rank {rank} line {i}: first half'); sys.stdout.flush()\n"
+              "    time.sleep(0.03)\n"
+              "    sys.stdout.write(' second half\\n'); sys.stdout.flush()\n"
+              "sys.stdout.write(f'rank {rank} bar 50%\\r'); sys.stdout.flush(); time.sleep(0.03)\n"
+              "sys.stdout.write(f'rank {rank} bar 100%\\n')\n")
+    done = subprocess.run([sys.executable, str(rings.LAUNCHER), "--hostfile", str(hostfile),
+                           "--starting-port", str(rings.starting_port()), "--", sys.executable, "-c", pieces],
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.replace("\r", "\n").splitlines()
+    shape = r"rank [01] (line \d+: first half second half|bar \d+%)"
+    whole = [line for line in lines if re.fullmatch(shape, line)]
+    assert whole == lines and len(lines) == 2 * 14, lines
 
 
 @pytest.mark.parametrize(("content", "says"), [
