@@ -13,10 +13,12 @@ def ssh_mesh_known_hosts(hosts: list[str], hostvars: Any, play_hosts: list[str],
                          existing: str, marker: str) -> str:
     """``{{ groups['cluster'] | ssh_mesh_known_hosts(hostvars, ansible_play_hosts, text,
     marker) }}``: the block of pinned host keys, as blockinfile's `block`."""
-    fresh = {host: list(hostvars[host]["__ssh_mesh_known_hosts_lines"]) for host in play_hosts
-             if "__ssh_mesh_known_hosts_lines" in hostvars[host]}
-    away = {host: [str(name) for name in (host, hostvars[host].get("ansible_host"),
-                                         hostvars[host].get("thunderbolt_ip")) if name]
+    # Ansible works out all of a host's variables on every hostvars[host]: once per host.
+    seen = {host: hostvars[host] for host in dict.fromkeys([*play_hosts, *hosts])}
+    fresh = {host: list(seen[host]["__ssh_mesh_known_hosts_lines"]) for host in play_hosts
+             if "__ssh_mesh_known_hosts_lines" in seen[host]}
+    away = {host: [str(name) for name in (host, seen[host].get("ansible_host"),
+                                         seen[host].get("thunderbolt_ip")) if name]
             for host in hosts if host not in fresh}
     previous = block_lines(existing, marker.replace("{mark}", BEGIN),
                            marker.replace("{mark}", END))

@@ -1,6 +1,6 @@
-"""Ansible filters of the thunderbolt role on Linux: a port's stale addresses, the pool's addresses
-off the cables and the host routes to add or remove (links mode), and the files that keep every
-port's address across reboots."""
+"""Ansible filters of the thunderbolt role on Linux: what ip(8) changes on a node (its ports up, their
+MTU and addresses, a port's stale addresses, the pool's addresses off the cables and the host routes
+to add or remove in links mode), and the files that keep every port's address across reboots."""
 
 from __future__ import annotations
 
@@ -95,12 +95,56 @@ def thunderbolt_stale_routes(ports: Sequence[Mapping[str, Any]],
             for to, via, dev in sorted(_host_routes(now) - _routes(ports)) if dev in mine]
 
 
+def thunderbolt_ip_commands(ports: Sequence[Mapping[str, Any]], addresses: Sequence[Mapping[str, Any]],
+                            routes_now: Sequence[Mapping[str, Any]], mtu: int | str,
+                            keep: str | None = None) -> list[dict[str, Any]]:
+    """What ip(8) must change on this node for its ports, in the order it must be done (`addresses`:
+    ip -j addr show, `routes_now`: ip -j -4 route show), each as {argv, label}; none on a node
+    already configured. One list for one looped task: a converged node skips one task, not seven.
+
+    In order: each port up; its MTU (not on loopback, the embedded single-machine inventory, whose
+    MTU is its own); its own address under an outdated prefix removed, and the link pool's
+    addresses off the cable ports (links mode); its address added; the host routes across each
+    cable to a neighbour's other addresses put in place, and the ones no cable wants removed."""
+    now = {link["ifname"]: link for link in addresses}
+
+    def has_address(port: Mapping[str, Any]) -> bool:
+        return any(info.get("family") == "inet" and info.get("local") == port["address"]
+                   and info.get("prefixlen") == port["prefix"]
+                   for info in now.get(port["interface"], {}).get("addr_info", []))
+
+    commands: list[dict[str, Any]] = []
+    for port in ports:
+        if "UP" not in now.get(port["interface"], {}).get("flags", []):
+            commands.append({"argv": ["ip", "link", "set", "dev", port["interface"], "up"],
+                             "label": f"{port['interface']}: up"})
+    for port in ports:
+        link = now.get(port["interface"], {})
+        if link.get("link_type") != "loopback" and int(link.get("mtu", 0)) != int(mtu):
+            commands.append({"argv": ["ip", "link", "set", "dev", port["interface"], "mtu", str(mtu)],
+                             "label": f"{port['interface']}: mtu {mtu}"})
+    for gone in [*thunderbolt_stale_addresses(ports, now),
+                 *thunderbolt_stray_addresses(ports, addresses, keep)]:
+        address = f"{gone['local']}/{gone['prefixlen']}"
+        commands.append({"argv": ["ip", "addr", "del", address, "dev", gone["interface"]],
+                         "label": f"{gone['interface']}: remove {address}"})
+    for port in ports:
+        if not has_address(port):
+            address = f"{port['address']}/{port['prefix']}"
+            commands.append({"argv": ["ip", "addr", "add", address, "dev", port["interface"]],
+                             "label": f"{port['interface']}: add {address}"})
+    for verb, routes in (("replace", thunderbolt_missing_routes(ports, routes_now)),
+                         ("del", thunderbolt_stale_routes(ports, routes_now))):
+        for route in routes:
+            commands.append({"argv": ["ip", "route", verb, f"{route['to']}/32", "via", route["via"],
+                                      "dev", route["interface"]],
+                             "label": f"{route['interface']}: route {verb} {route['to']} via {route['via']}"})
+    return commands
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"thunderbolt_stale_addresses": thunderbolt_stale_addresses,
-                "thunderbolt_persist_files": thunderbolt_persist_files,
+        return {"thunderbolt_persist_files": thunderbolt_persist_files,
                 "thunderbolt_connection_name": connection_name,
                 "thunderbolt_ping_targets": thunderbolt_ping_targets,
-                "thunderbolt_missing_routes": thunderbolt_missing_routes,
-                "thunderbolt_stale_routes": thunderbolt_stale_routes,
-                "thunderbolt_stray_addresses": thunderbolt_stray_addresses}
+                "thunderbolt_ip_commands": thunderbolt_ip_commands}

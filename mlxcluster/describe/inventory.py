@@ -322,11 +322,13 @@ def resolved(hosts: list[str], hostvars: Any, keys: tuple[str, ...]
         if host not in hostvars:
             continue
         plain[host] = {}
+        # Ansible works out all of a host's variables on every hostvars[host]: once per host.
+        host_vars = hostvars[host]
         for key in keys:
-            if key not in hostvars[host]:
+            if key not in host_vars:
                 continue
             try:
-                value = hostvars[host][key]
+                value = host_vars[key]
                 if isinstance(value, Undefined):
                     str(value)  # raises the undefined error, naming the variable
             except Exception as exc:  # whatever templating raised, said with the host

@@ -63,7 +63,7 @@ def test_second_run_changes_nothing(lab_cluster):
     assert run.changed == {}, f"not idempotent: {run.changed}"
 
 
-RECORD_TASK = "hostfile : Record the resolved cluster layout on the controller for the launch code"
+RECORD_TASK = "hostfile : Record the resolved cluster layout, and write the hostfiles, on the controller"
 
 
 def layout_path(cluster) -> Path:

@@ -247,6 +247,40 @@ def test_the_pools_addresses_off_the_cable_ports_are_strays_to_remove():
     assert thunderbolt_stray_addresses(bridge, now) == []
 
 
+def test_ip_commands_bring_a_node_s_cable_ports_to_their_settings_in_order_and_none_when_converged():
+    from filter_plugins.thunderbolt import thunderbolt_ip_commands
+
+    ports = addresses.ports_of("node1", HOSTS, view())
+    en2, en3 = ports
+    wanted = [{"dst": f"{r['to']}", "gateway": r["via"], "dev": port["interface"]}
+              for port in ports for r in port["routes"]]
+
+    def link(name, *inet, flags=("BROADCAST", "UP"), mtu=9000, link_type="ether"):
+        return {"ifname": name, "flags": list(flags), "mtu": mtu, "link_type": link_type,
+                "addr_info": [{"family": "inet", "local": a, "prefixlen": p} for a, p in inet]}
+
+    converged = [link("lo", ("127.0.0.1", 8), flags=("LOOPBACK", "UP"), mtu=65536, link_type="loopback"),
+                 link("en2", (en2["address"], en2["prefix"])), link("en3", (en3["address"], en3["prefix"]))]
+    assert thunderbolt_ip_commands(ports, converged, wanted, 9000) == []
+    # A node just cabled: en2 down at the default MTU with its address under an old prefix, en3
+    # without its address, a bridge's pool address left over, one route missing and one stale.
+    fresh = [converged[0], link("en2", (en2["address"], 24), flags=("BROADCAST",), mtu=1500),
+             link("en3"), link("bridge0", ("10.78.5.11", 24))]
+    routes = [*wanted[1:], {"dst": "10.78.5.21", "gateway": "10.78.5.13", "dev": "en3"}]
+    commands = [" ".join(c["argv"]) for c in thunderbolt_ip_commands(ports, fresh, routes, "9000")]
+    first = wanted[0]
+    assert commands == [
+        "ip link set dev en2 up", "ip link set dev en2 mtu 9000",
+        f"ip addr del {en2['address']}/24 dev en2", "ip addr del 10.78.5.11/24 dev bridge0",
+        f"ip addr add {en2['address']}/{en2['prefix']} dev en2",
+        f"ip addr add {en3['address']}/{en3['prefix']} dev en3",
+        f"ip route replace {first['dst']}/32 via {first['gateway']} dev {first['dev']}",
+        "ip route del 10.78.5.21/32 via 10.78.5.13 dev en3"]
+    # Loopback (the embedded single-machine inventory) keeps its own MTU.
+    local = [{"interface": "lo", "address": "127.0.0.1", "prefix": 8, "cable": None, "peers": {}}]
+    assert thunderbolt_ip_commands(local, converged, [], 9000) == []
+
+
 @settings(max_examples=150, derandomize=True, deadline=None)
 @given(random_cabling())
 def test_every_pair_of_any_cabling_is_reached_at_an_address_ssh_mesh_pins_and_its_cable_carries(case):
