@@ -17,6 +17,7 @@ from mlxcluster.describe.inventory import (
     LINK_KEYS,
     MODEL_KEYS,
     SHARE_KEYS,
+    STAGE_KEYS,
     TOPOLOGY_KEYS,
     cluster_root_error,
     inventory_errors,
@@ -30,7 +31,7 @@ from mlxcluster.describe.topology import mode_of
 def cluster_inventory_errors(groups: dict[str, list[str]], hostvars: Any) -> list[str]:
     """``{{ groups | cluster_inventory_errors(hostvars) }}``: problems found, one per line."""
     keys = (*LINK_KEYS, "mpi_slots", "ansible_host", "ansible_user", "ansible_connection", *TOPOLOGY_KEYS,
-            *SHARE_KEYS, *MODEL_KEYS)
+            *SHARE_KEYS, *MODEL_KEYS, *STAGE_KEYS)
     hosts = sorted(set(groups.get("cluster", [])) | set(groups.get("launcher", [])))
     plain, unresolved = resolved(hosts, hostvars, keys)
     return unresolved or inventory_errors(groups, plain)

@@ -20,7 +20,8 @@ from pathlib import Path
 from mlxcluster import local, paths
 from mlxcluster.lab import cache, ring_wait
 
-RUFF_TARGETS = ("tasks.py", "bench_tasks.py", "mlxcluster", "training", "tests", "filter_plugins", "callback_plugins")
+RUFF_TARGETS = ("tasks.py", "bench_tasks.py", "mlxcluster", "training", "tests", "filter_plugins",
+                "callback_plugins")
 # The slowest tests in the output of every session, CI's included: where its time goes is in its
 # log (docs/tests.md keeps the table).
 DURATIONS = ("--durations=80", "--durations-min=5")

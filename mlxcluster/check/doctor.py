@@ -1,7 +1,8 @@
 """`invoke doctor`: is the cluster fit to train, and if not, what to do about it.
 
 Gathering is separate from judging: `gather` runs mlxcluster/check/probe.py on every node at once (one
-ssh round trip each) and two tiny MPI jobs on the launcher; `evaluate` turns what came back into
+ssh round trip each) and tiny MPI jobs on the launcher (hostname, an all_sum, then send/recv
+between neighbouring ranks: pairs.py); `evaluate` turns what came back into
 checks, each green or red with the fix for red, and is a plain function the unit tests drive.
 """
 
@@ -16,11 +17,11 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlxcluster.check import room
+from mlxcluster.check import pairs, room
+from mlxcluster.check.checks import Check
 from mlxcluster.describe import drained
 from mlxcluster.describe.backends import RDMA_HOWTO
 from mlxcluster.describe.cluster import Cluster, Node, Recorded, hostfile_entries
@@ -33,20 +34,6 @@ PROBE = Path(__file__).with_name("probe.py")
 REPROVISION = "run invoke provision -i <inventory>"
 ALL_SUM = ("import mlx.core as mx; g = mx.distributed.init(strict=True); "
            "print(int(mx.distributed.all_sum(mx.array(1), group=g).item()))")
-
-
-@dataclass(frozen=True)
-class Check:
-    scope: str  # a node, "node1 -> node2", or "cluster"
-    name: str
-    ok: bool
-    detail: str
-    fix: str = ""
-
-    @property
-    def nodes(self) -> list[str]:
-        """The nodes it is about: one, two (a pair's ends), or none (the cluster's)."""
-        return [] if self.scope == "cluster" else [part.strip() for part in self.scope.split("->")]
 
 
 # --- gathering -------------------------------------------------------------------------------------
@@ -101,29 +88,44 @@ def gather(cluster: Cluster) -> dict[str, Any]:
     return {"nodes": facts, "jobs": {}}
 
 
-def run_jobs(cluster: Cluster) -> dict[str, tuple[int, str]]:
+def memory_of(gathered: Mapping[str, Any]) -> dict[str, int | None]:
+    """Each probed node's free memory as the memory check counts it (None: not known, e.g. the
+    node did not answer)."""
+    return {name: room.free_memory(facts.get("memory") or {}) for name, facts in gathered["nodes"].items()}
+
+
+def run_jobs(cluster: Cluster) -> dict[str, tuple[Any, ...]]:
     """The cluster-wide jobs: hostname on every slot and an MLX all_sum over every rank, with
-    mpirun; in links mode the all_sum alone, with the backend training uses there (ring or JACCL)."""
+    mpirun; in links mode the all_sum alone, with the backend training uses there (ring or JACCL).
+    Then, when they passed, MLX send/recv between neighbouring ranks, as a pipeline sends."""
     if cluster.cables:
-        return {"all_sum": mpi_job(cluster, ["python", "-c", ALL_SUM],
-                                   backend=builder.backend_for(cluster, None))}
-    jobs = {"hostname": mpi_job(cluster, ["hostname"])}
-    if cluster.world_size > 1:
-        jobs["all_sum"] = mpi_job(cluster, ["python", "-c", ALL_SUM])
+        jobs: dict[str, tuple[Any, ...]] = {
+            "all_sum": mpi_job(cluster, ["python", "-c", ALL_SUM],
+                               backend=builder.backend_for(cluster, None))}
+    else:
+        jobs = {"hostname": mpi_job(cluster, ["hostname"])}
+        if cluster.world_size > 1:
+            jobs["all_sum"] = mpi_job(cluster, ["python", "-c", ALL_SUM])
+    if cluster.world_size > 1 and all(job[0] == 0 for job in jobs.values()):
+        # Send/recv between neighbouring ranks, over the backend a run would take (pairs.py).
+        backend = builder.backend_for(cluster, None)
+        jobs["send_recv"] = (*mpi_job(cluster, pairs.program(), backend=backend), backend)
     return jobs
 
 
 def diagnose(cluster: Cluster, rendered_hostfile: str, need: room.Need | None, *,
-             mpi_jobs: bool = True) -> list[Check]:
-    """Probe, judge, and only on a cluster that is green so far, launch the MPI jobs: on a red
-    one they could only fail, slowly (a down link makes mpirun wait for its timeouts)."""
-    gathered = gather(cluster)
+             mpi_jobs: bool = True, gathered: Mapping[str, Any] | None = None) -> list[Check]:
+    """Probe (unless `gathered` holds the probes already), judge, and only on a cluster that is
+    green so far, launch the MPI jobs: on a red one they could only fail, slowly (a down link
+    makes mpirun wait for its timeouts)."""
+    gathered = dict(gathered) if gathered is not None else gather(cluster)
     checks = evaluate(cluster, rendered_hostfile, gathered, need)
     if not mpi_jobs or cluster.world_size == 0:
         return checks
     red = sum(not c.ok for c in checks)
     if red:
-        jobs = "MLX all_sum" if cluster.cables else "MPI jobs (mpirun hostname, MLX all_sum)"
+        jobs = ("MLX all_sum, send/recv" if cluster.cables
+                else "MPI jobs (mpirun hostname, MLX all_sum, send/recv)")
         return [*checks, Check("cluster", jobs, False,
                                f"not run: {red} check(s) above failed", "fix those first")]
     gathered["jobs"] = run_jobs(cluster)
@@ -331,12 +333,12 @@ def _room(nodes: Sequence[Node], facts: Facts, need: room.Need | None) -> list[C
     if need is None:
         return checks
     for node in nodes:
-        memory, disk = facts[node.name]["memory"], facts[node.name]["disk_free"]
-        if memory.get("available") is not None and node.name in need.memory:
+        free, disk = room.free_memory(facts[node.name]["memory"]), facts[node.name]["disk_free"]
+        if free is not None and node.name in need.memory:
             want = need.memory[node.name]
-            ok = memory["available"] >= want
+            ok = free >= want
             checks.append(Check(node.name, "free memory", ok,
-                                f"{_size(memory['available'])} free, need ~{_size(want)} for "
+                                f"{_size(free)} free, need ~{_size(want)} for "
                                 f"{need.held[node.name]}",
                                 "" if ok else "close other programs, or train a smaller or quantized model "
                                 "(or --parallel tensor, which splits it across the nodes)"))
@@ -348,7 +350,7 @@ def _room(nodes: Sequence[Node], facts: Facts, need: room.Need | None) -> list[C
     return checks
 
 
-def _jobs(cluster: Cluster, facts: Facts, jobs: Mapping[str, tuple[int, str]]) -> list[Check]:
+def _jobs(cluster: Cluster, facts: Facts, jobs: Mapping[str, tuple[Any, ...]]) -> list[Check]:
     checks = []
     if "hostname" in jobs:
         code, out = jobs["hostname"]
@@ -367,6 +369,8 @@ def _jobs(cluster: Cluster, facts: Facts, jobs: Mapping[str, tuple[int, str]]) -
                             else f"exit {code}: {out[-300:]}",
                             "" if ok else "MLX could not join the ranks: fix the red checks above, "
                             "and check that libmpi loads in the venv"))
+    if "send_recv" in jobs:
+        checks += pairs.judge(cluster, jobs["send_recv"])
     return checks
 
 
@@ -413,18 +417,21 @@ class NotFit(UserError):
     """Red checks: the cluster is not fit to train; they were shown with their fixes."""
 
 
-def red_node_checks(cluster: Cluster, need: room.Need | None) -> list[Check]:
-    """The per-node checks (not the MPI jobs) that fail."""
+def red_node_checks(cluster: Cluster, need: room.Need | None,
+                    gathered: Mapping[str, Any] | None = None) -> list[Check]:
+    """The per-node checks (not the MPI jobs) that fail (on `gathered`'s probes, when given)."""
     rendered = "\n".join(cluster.hostfile_lines())
-    return [c for c in diagnose(cluster, rendered, need, mpi_jobs=False) if not c.ok]
+    return [c for c in diagnose(cluster, rendered, need, mpi_jobs=False, gathered=gathered) if not c.ok]
 
 
-def preflight(cluster: Cluster, need: room.Need | None) -> None:
-    """invoke doctor's per-node checks (not its MPI jobs: the launch is one): stop on any red."""
+def preflight(cluster: Cluster, need: room.Need | None, gathered: Mapping[str, Any] | None = None) -> None:
+    """invoke doctor's per-node checks (not its MPI jobs: the launch is one): stop on any red.
+    `gathered`: the nodes' probes when the plan asked them already (pipeline stages sized from
+    their memory), so that they are asked once."""
     from rich.console import Console
 
     print("==> checking the nodes (invoke doctor has the full set)", flush=True)
-    if failed := red_node_checks(cluster, need):
+    if failed := red_node_checks(cluster, need, gathered):
         render(failed, Console(stderr=True))
         raise NotFit(f"not launching: {len(failed)} check(s) failed on the nodes (see the fix column)")
 

@@ -5,7 +5,10 @@ depends on the run:
 
 - a data-parallel rank holds the whole model, a tensor-parallel rank about 1/N of it (its heads,
   its MLP units and its part of the vocabulary; the norms it shares are small), a pipeline stage
-  about 1/N too (its run of whole layers);
+  its run of whole layers (their bytes, read from the headers: a stage's share as
+  mlxcluster/launch/stages.py sized it, or as the settings give it), with the embeddings on the
+  first stage and the final norm and head on the last (the embeddings too where the head is tied
+  to them);
 - a rank that dequantizes a quantized model (`model_dequantize: true`, `dequantize_ranks`) holds
   its weights in float: several times their size on disk;
 - a node holds what all of its ranks (its slots) hold.
@@ -20,7 +23,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +33,7 @@ from safetensors import SafetensorError, safe_open
 
 from mlxcluster.describe.cluster import Cluster
 from mlxcluster.launch import quantized
+from training.data import shares
 from training.model import quantization
 
 # A LoRA run holds its weights once per rank, plus activations, adapters and optimizer state.
@@ -53,6 +58,55 @@ class Tensor:
         return self.elements * ITEMSIZE.get(self.dtype, 4)
 
 
+# A tensor of the model's body: `model.layers.7.mlp...` (gpt2's `h.7`, a few models' `blocks.7`).
+LAYER_NAME = re.compile(r"(?:^|\.)(?:layers|h|blocks)\.(\d+)\.")
+# The embeddings, which the first stage looks tokens up in.
+EMBEDDING_NAME = re.compile(r"(?:^|\.)(?:embed_tokens|wte|wpe|tok_embeddings|word_embeddings)(?:\.|$)")
+# A head of its own; without one the head is the embeddings (tied), which the last stage reads too.
+HEAD_NAME = re.compile(r"(?:^|\.)(?:lm_head|output)\.")
+
+
+@dataclass(frozen=True)
+class Body:
+    """Where a model's bytes are, by pipeline stage: each layer's, the embeddings' (the first
+    stage's) and the rest's outside the layers (the final norm and the head: the last stage's)."""
+
+    layers: tuple[int, ...]
+    embeddings: int
+    head: int
+    tied: bool  # no head of its own: the last stage holds the embeddings too
+
+    def stage_bytes(self, counts: Sequence[int]) -> list[int]:
+        """Each stage's bytes, for stages of `counts` layers in order."""
+        held, start = [], 0
+        for stage, count in enumerate(counts):
+            part = sum(self.layers[start:start + count])
+            if stage == 0:
+                part += self.embeddings
+            if stage == len(counts) - 1:
+                part += self.head + (self.embeddings if self.tied and stage else 0)
+            held.append(part)
+            start += count
+        return held
+
+
+def body_of(tensors: Mapping[str, Tensor]) -> Body | None:
+    """The model's bytes by layer, from its tensors' names (None: no numbered layers 0..N-1)."""
+    layers: dict[int, int] = {}
+    embeddings = head = 0
+    for name, tensor in tensors.items():
+        if match := LAYER_NAME.search(name):
+            layers[int(match.group(1))] = layers.get(int(match.group(1)), 0) + tensor.bytes
+        elif EMBEDDING_NAME.search(name):
+            embeddings += tensor.bytes
+        else:
+            head += tensor.bytes
+    if not layers or sorted(layers) != list(range(len(layers))):
+        return None
+    tied = not any(HEAD_NAME.search(name) for name in tensors)
+    return Body(tuple(layers[i] for i in range(len(layers))), embeddings, head, tied)
+
+
 @dataclass(frozen=True)
 class Weights:
     """A model folder's weights: as stored, and as a rank that dequantizes them holds them."""
@@ -60,6 +114,7 @@ class Weights:
     stored: int  # bytes of its safetensors files
     dequantized: int  # bytes once every quantized layer is float (== stored for a float model)
     quantized: bool
+    body: Body | None = None  # by layer, when asked for (a pipeline run) and readable
 
 
 @dataclass(frozen=True)
@@ -112,10 +167,11 @@ def dequantized_bytes(tensors: Mapping[str, Tensor], config: Mapping[str, Any]) 
     return total
 
 
-def weights(model_dir: Path) -> Weights | None:
+def weights(model_dir: Path, *, by_layer: bool = False) -> Weights | None:
     """The folder's weights (None: no folder, or no safetensors in it, e.g. a hub id not fetched).
-    Only a quantized model's headers are read; one that cannot be read counts as its size on disk
-    (the ranks say what is wrong with it when they load it)."""
+    The headers are read for a quantized model, or `by_layer` (a pipeline run: each stage's
+    bytes); weights that cannot be read count as their size on disk (the ranks say what is wrong
+    with them when they load them)."""
     files = sorted(model_dir.glob("*.safetensors")) if model_dir.is_dir() else []
     if not files:
         return None
@@ -125,13 +181,15 @@ def weights(model_dir: Path) -> Weights | None:
         config = json.loads(config_file.read_text()) if config_file.is_file() else {}
     except (OSError, ValueError):
         config = {}
-    if not isinstance(config, dict) or not quantization.is_quantized(config):
+    quantized = isinstance(config, dict) and quantization.is_quantized(config)
+    if not quantized and not by_layer:
         return Weights(stored, stored, quantized=False)
     try:
         tensors = headers(files)
     except (OSError, SafetensorError):
-        return Weights(stored, stored, quantized=True)
-    return Weights(stored, dequantized_bytes(tensors, config), quantized=True)
+        return Weights(stored, stored, quantized=quantized)
+    body = body_of(tensors) if by_layer else None
+    return Weights(stored, dequantized_bytes(tensors, config) if quantized else stored, quantized, body)
 
 
 def _words(ranks: int, share: str, dequantized: int) -> str:
@@ -142,37 +200,81 @@ def _words(ranks: int, share: str, dequantized: int) -> str:
     return f"{held}, dequantized on {dequantized} of them" if dequantized else held
 
 
+def stage_shares(model: Weights, world: int, stages: Sequence[int] | None) -> list[tuple[float, str]]:
+    """Each pipeline stage's fraction of the model's bytes and what it holds in words, in rank
+    order: `stages` layers each (None: as equal as can be, as the ranks split them by default),
+    weighed by the layers' bytes and the edges' where the headers were read, else by the layer
+    count; about 1/N each when neither the stages nor the layers are known."""
+    body = model.body
+    layers = sum(stages) if stages else len(body.layers) if body else 0
+    if layers < world:  # not known (or refused before anything runs: more stages than layers)
+        return [(1 / world, f"a stage of about 1/{world} of the layers")] * world
+    counts = list(stages) if stages else shares.split(layers, [1.0] * world)
+    if body and len(body.layers) == layers:
+        held = body.stage_bytes(counts)
+        whole = sum(body.layers) + body.embeddings + body.head
+        fractions = [part / whole if whole else count / layers
+                     for part, count in zip(held, counts, strict=True)]
+    else:
+        body, fractions = None, [count / layers for count in counts]
+    result, start = [], 0
+    for stage, count in enumerate(counts):
+        edges = [*(["the embeddings"] if body and stage == 0 else []),
+                 *(["the head"] if body and stage == world - 1 else [])]
+        run = f"layer {start + 1}" if count == 1 else f"layers {start + 1}-{start + count}"
+        words = f"{run} of {layers}" + "".join(f" and {e}" for e in edges)
+        result.append((fractions[stage], words))
+        start += count
+    return result
+
+
 def need(cluster: Cluster, model: Weights, *, parallel: str = "data",
-         dequantize_ranks: Iterable[int] = ()) -> Need:
+         dequantize_ranks: Iterable[int] = (), stages: Sequence[int] | None = None) -> Need:
     """What a run with this model needs of each training node: each rank's weights (the whole
-    model, or 1/N of it under tensor parallelism; float where the rank dequantizes), summed over
-    the node's ranks, times MEMORY_FACTOR."""
+    model, 1/N of it under tensor parallelism, its stage's share under pipeline parallelism:
+    `stages`, the layers of each rank; float where the rank dequantizes), summed over the node's
+    ranks, times MEMORY_FACTOR."""
     world = max(cluster.world_size, 1)
-    # A tensor rank holds 1/N of every layer; a pipeline stage about 1/N of the layers (as equal as
-    # can be by default; its edges also hold the embeddings or the head).
-    split = parallel in ("tensor", "pipeline") and world > 1
-    share = ("the whole model" if not split else f"1/{world} of the model" if parallel == "tensor"
-             else f"a stage of about 1/{world} of the layers")
+    if parallel == "pipeline" and world > 1:
+        per_rank = stage_shares(model, world, stages)
+    elif parallel == "tensor" and world > 1:
+        per_rank = [(1 / world, f"1/{world} of the model")] * world
+    else:
+        per_rank = [(1.0, "the whole model")] * world
     dequantizing = set(dequantize_ranks) if model.quantized else set()
     ranks_of: dict[str, list[int]] = {}
     for rank, name in enumerate(cluster.rank_nodes()):
         ranks_of.setdefault(name, []).append(rank)
     memory, held = {}, {}
     for name, ranks in ranks_of.items():
-        weights_held = sum(model.dequantized if rank in dequantizing else model.stored for rank in ranks)
-        memory[name] = int((weights_held / world if split else weights_held) * MEMORY_FACTOR)
-        held[name] = _words(len(ranks), share, len(dequantizing.intersection(ranks)))
+        weights_held = sum((model.dequantized if rank in dequantizing else model.stored) * per_rank[rank][0]
+                           for rank in ranks)
+        memory[name] = round(weights_held * MEMORY_FACTOR)
+        # Ranks that hold alike are said once (`the whole model on 2 ranks`), stages one by one.
+        said = list(dict.fromkeys(per_rank[rank][1] for rank in ranks))
+        held[name] = _words(len(ranks), "; ".join(said), len(dequantizing.intersection(ranks)))
     return Need(int(model.stored * DISK_FACTOR), memory, held)
 
 
 def for_run(cluster: Cluster, model_dir: Path, *, parallel: str = "data",
-            dequantize_ranks: Iterable[int] | None = None) -> Need | None:
+            dequantize_ranks: Iterable[int] | None = None,
+            stages: Sequence[int] | None = None) -> Need | None:
     """`need` for the model in `model_dir` (None: its size is not known here); the ranks that
-    dequantize it are the inventory's (model_dequantize) unless the run's settings name them."""
-    if (found := weights(model_dir)) is None:
+    dequantize it are the inventory's (model_dequantize) unless the run's settings name them;
+    `stages`: a pipeline run's layers per rank (None: as equal as can be)."""
+    if (found := weights(model_dir, by_layer=parallel == "pipeline")) is None:
         return None
     ranks = quantized.asked_ranks(cluster) if dequantize_ranks is None else dequantize_ranks
-    return need(cluster, found, parallel=parallel, dequantize_ranks=ranks)
+    return need(cluster, found, parallel=parallel, dequantize_ranks=ranks, stages=stages)
+
+
+def free_memory(memory: Mapping[str, int | None]) -> int | None:
+    """What a node's memory can give a run, from its probe (mlxcluster/check/probe.py's
+    memory_bytes): its available memory, already the control group's room where a limit is
+    lower. The preflight compares a node's need with this, and pipeline stages are sized by it
+    (mlxcluster/launch/stages.py), so that the two agree."""
+    available = memory.get("available")
+    return available if isinstance(available, int) and not isinstance(available, bool) else None
 
 
 def largest(needs: Iterable[Need | None]) -> Need | None:

@@ -65,6 +65,9 @@ class Node:
     # Its ranks dequantize a quantized model as they load it (memory for speed), as its inventory's
     # model_dequantize says; mlxcluster/launch/quantized.py. A quantized model stays so by default.
     model_dequantize: bool = False
+    # The layers each of its ranks holds in a pipeline-parallel run (0: sized from its memory, as
+    # mlxcluster/launch/stages.py does for nodes that do not say).
+    pipeline_layers: int = 0
 
     @property
     def management_address(self) -> str:

@@ -255,6 +255,7 @@ def inventory_errors(groups: Mapping[str, Sequence[str]],
     errors += _cluster_link_errors(groups, cluster, hostvars)
     errors += cluster_share_errors(cluster, hostvars)
     errors += [e for host in cluster if (e := dequantize_error(host, hostvars.get(host, {})))]
+    errors += [e for host in cluster if (e := stage_layers_error(host, hostvars.get(host, {})))]
 
     launchers = list(groups.get("launcher") or [])
     if not launchers:
@@ -309,6 +310,7 @@ def _ranked(groups: Mapping[str, Sequence[str]], hostvars: Mapping[str, Mapping[
 LINK_KEYS = ("thunderbolt_ip", "thunderbolt_prefix", "thunderbolt_interface", "thunderbolt_mtu")
 SHARE_KEYS = ("batch_share", "max_micro_batch")  # a node's weight in each global batch, its cap
 MODEL_KEYS = ("model_dequantize",)  # whether its ranks dequantize a quantized model as they load it
+STAGE_KEYS = ("pipeline_layers",)  # the layers each of its ranks holds in a pipeline-parallel run
 TOPOLOGY_KEYS = ("thunderbolt_topology", "thunderbolt_links", "thunderbolt_link_pool", "cluster_backend")
 
 
@@ -424,6 +426,32 @@ def dequantize_error(host: str, hv: Mapping[str, Any]) -> str | None:
     """What is wrong with a node's model_dequantize (None: fine)."""
     try:
         dequantize_value(hv.get("model_dequantize"))
+    except ValueError as error:
+        return f"{host}: {error}"
+    return None
+
+
+# --- pipeline stages: the layers each of a node's ranks holds ----------------------------------------
+
+
+def stage_layers_value(raw: Any) -> int:
+    """A node's pipeline_layers: a whole number of layers, at least 1, for each of its ranks; 0
+    when not set (its stages are sized from its memory: mlxcluster/launch/stages.py). Whether they
+    add up to a model's layers is known once the run's model is: the run says so."""
+    if raw is None:
+        return 0
+    text = str(raw).strip()
+    if isinstance(raw, bool) or not text.isdigit() or int(text) < 1:
+        raise ValueError(f"pipeline_layers {raw!r} must be a whole number of layers, at least 1 (each "
+                         "of this node's ranks holds that many in a pipeline-parallel run); leave it "
+                         "out to size its stages from the node's memory")
+    return int(text)
+
+
+def stage_layers_error(host: str, hv: Mapping[str, Any]) -> str | None:
+    """What is wrong with a node's pipeline_layers (None: fine)."""
+    try:
+        stage_layers_value(hv.get("pipeline_layers"))
     except ValueError as error:
         return f"{host}: {error}"
     return None

@@ -142,6 +142,8 @@ def node_settings(name: str, hostvars: Mapping[str, Any], launcher: str,
         "max_micro_batch": inventory.micro_batch_value(get("max_micro_batch")),
         # Validation has checked it too (mlxcluster/launch/quantized.py).
         "model_dequantize": inventory.dequantize_value(get("model_dequantize")),
+        # And this (mlxcluster/launch/stages.py).
+        "pipeline_layers": inventory.stage_layers_value(get("pipeline_layers")),
         "connection": {
             "type": get("ansible_connection", "ssh"),
             "host": get("ansible_host", name),

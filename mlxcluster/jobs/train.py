@@ -34,6 +34,7 @@ from mlxcluster.launch import (
     relay,
     runs,
     shipment,
+    stages,
     start_adapters,
     sync,
 )
@@ -43,6 +44,7 @@ from mlxcluster.provision import inputs, preview
 from training.config import FinetuneConfig
 from training.model import quantization
 from training.model.manifest import manifest_sha256
+from training.parallel_rules import pipeline_layer_counts
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ class Plan:
     pull: list[str]
     backend_why: str = ""  # why this backend (mlxcluster/describe/backends.py)
     shares: batch_shares.Shares | None = None  # None: equal shares, as training does by itself
+    pipeline_stages: stages.Stages | None = None  # the layout's (None: the settings' own, or equal)
     notices: tuple[str, ...] = ()  # what the run says of itself before it starts: backend, shares, split
     record: Mapping[str, Any] = field(default_factory=dict)  # run.json's fields known before launch
 
@@ -101,9 +104,10 @@ def finetune_argv(*, model: str, data: str, adapter_path: str, config: str | Non
 
 
 def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = False,
-         inventory: str = "") -> Plan:
+         inventory: str = "", memory: Mapping[str, int | None] | None = None) -> Plan:
     """The run, as commands: nothing is run. resume: continue run_id from its latest checkpoint
-    (request.config is then the run's own config.yaml)."""
+    (request.config is then the run's own config.yaml). memory: each node's free memory, which
+    sizes pipeline stages (None: not asked, as in a dry run)."""
     sent = job_inputs(cluster, request, run_id)
     steps, placed = sent.steps, sent.placed
     run_dir = f"{cluster.head.runs_dir}/{run_id}"
@@ -116,9 +120,12 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
                                           request.pending_shape if "model" in request.pending else None)
     shares = batch_shares.for_run(cluster, request.settings, request.calibration)
     dequantizing = quantized.args(cluster, model_config, request.settings)
-    # The shares and the ranks that dequantize go before the user's flags (theirs win); the inputs
-    # at the nodes' paths after them.
-    overrides = [*(shares.args if shares else []), *dequantizing, *request.overrides, *sent.flags]
+    sized = stages.for_run(cluster, request.settings, model_config, memory,
+                           recorded_stages(run_id) if resume else None)
+    # The shares, stages and the ranks that dequantize go before the user's flags (theirs win); the
+    # inputs at the nodes' paths after them.
+    overrides = [*(shares.args if shares else []), *(sized.args if sized else []), *dequantizing,
+                 *request.overrides, *sent.flags]
     # The ranks' own rules, here: settings they would refuse stop the run before anything is sent.
     settings = run_settings.check(request.config, overrides, cluster.world_size)
     check_test_split(settings, sent.data)
@@ -135,23 +142,44 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
     notices = [*([f"backend {backend}: {choice.why}"] if choice.why else []),
                *([shares_line(shares)] if shares else []),
                *([base.line] if base else []),
-               *([tensor] if (tensor := parallel.line(cluster, request.parallel)) else [])]
+               *([split] if (split := parallel.line(cluster, request.parallel)) else []),
+               *([sized.line] if sized else [])]
     launch = builder.command(cluster, job)
     return Plan(cluster, request, settings, run_id, resume, backend, steps, launch,
                 sync.pull(cluster.head, run_dir, RUNS / run_id), backend_why=choice.why, shares=shares,
-                notices=tuple(notices),
+                pipeline_stages=sized, notices=tuple(notices),
                 record={**run_record(cluster, request, inventory, backend, choice.why, shares, launch),
                         **sent.controller_paths, "base_weights": base.per_node if base else None,
-                        "layout_settings": layout_settings(shares, dequantizing)})
+                        **stages_record(settings, sized),
+                        "layout_settings": layout_settings(shares, dequantizing, sized)})
 
 
-def layout_settings(shares: batch_shares.Shares | None, dequantizing: Sequence[str]) -> list[str]:
+def layout_settings(shares: batch_shares.Shares | None, dequantizing: Sequence[str],
+                    sized: stages.Stages | None = None) -> list[str]:
     """The settings of the run's config.yaml that the layout gave, rank by rank (the inventory's
-    batch_share, max_micro_batch and model_dequantize), not the user: a resume, on the same nodes
-    or on those a fault left, works them out again (runs.resume_config)."""
+    batch_share, max_micro_batch and model_dequantize, the stages sized to the nodes), not the
+    user: a resume, on the same nodes or on those a fault left, works them out again
+    (runs.resume_config); stages it keeps as run.json recorded them while the ranks are as many."""
     return [*(["batch_shares"] if shares else []),
             *(["max_micro_batch"] if shares and any(shares.limits) else []),
-            *(["dequantize_ranks"] if dequantizing else [])]
+            *(["dequantize_ranks"] if dequantizing else []),
+            *(["pipeline_layers"] if sized else [])]
+
+
+def recorded_stages(run_id: str) -> Any:
+    """The pipeline stages a resumed run's run.json recorded (None: none, or no record)."""
+    try:
+        return runs.read_info(RUNS / run_id).get("pipeline_layers")
+    except runs.RunError:
+        return None
+
+
+def stages_record(settings: FinetuneConfig, sized: stages.Stages | None) -> dict[str, Any]:
+    """run.json's pipeline stages: each rank's layers and where they come from (none: not a
+    pipeline run, or the ranks split the layers equally by themselves)."""
+    counts = pipeline_layer_counts(settings) if settings.parallel == "pipeline" else None
+    why = sized.why if sized else "pipeline_layers in the settings" if counts else None
+    return {"pipeline_layers": counts, "pipeline_layers_why": why}
 
 
 @dataclass(frozen=True)
@@ -384,19 +412,29 @@ def train(inventory: str, options: Options) -> Path | None:
     claimed = (contextlib.nullcontext(resume_run) if resume_run
                else runs.released_if_unstarted(runs.claim_id()))
     with claimed as run_id:
+        probed = probe_for_stages(layout, request)
         the_plan = plan(layout, request, run_id=run_id, resume=resume_run is not None,
-                        inventory=rec.inventory)
-        preflight(the_plan)
+                        inventory=rec.inventory, memory=doctor.memory_of(probed) if probed else None)
+        preflight(the_plan, probed)
     return restarts.run_with_restarts(
         the_plan, execute, policy,
         lambda current, left, fault, restart: restarted(rec, current, left, fault, options, policy, restart))
 
 
-def preflight(the_plan: Plan) -> None:
-    """The checks of the nodes a plan launches on, with the memory and disk its model needs."""
-    cluster, request = the_plan.cluster, the_plan.request
+def probe_for_stages(cluster: Cluster, request: Request) -> dict[str, Any] | None:
+    """The nodes' probes, before planning a run whose pipeline stages are sized from each node's
+    free memory (the preflight then judges the same probes; None: the plan needs none)."""
+    return doctor.gather(cluster) if stages.asks_memory(request.settings) else None
+
+
+def preflight(the_plan: Plan, probed: Mapping[str, Any] | None = None) -> None:
+    """The checks of the nodes a plan launches on (on `probed`, when the plan probed them), with
+    the memory and disk its model needs: a pipeline stage's as the plan's settings give them."""
+    cluster, request, settings = the_plan.cluster, the_plan.request, the_plan.settings
+    counts = pipeline_layer_counts(settings) if settings.parallel == "pipeline" else None
     doctor.preflight(cluster, room.for_run(cluster, request.model, parallel=request.parallel,
-                                           dequantize_ranks=the_plan.dequantize_ranks))
+                                           dequantize_ranks=the_plan.dequantize_ranks, stages=counts),
+                     probed)
 
 
 def restarted(rec: Recorded, current: Plan, left: Cluster, fault: faults.Fault, options: Options,
@@ -413,11 +451,13 @@ def restarted(rec: Recorded, current: Plan, left: Cluster, fault: faults.Fault, 
     # The backend as asked for (auto: the choice for the nodes left), not the one run.json recorded.
     request = request_for(rec, dataclasses.replace(again, backend=options.backend,
                                                    parallel="data" if alone else again.parallel), fetch=False)
-    the_plan = plan(left, request, run_id=current.run_id, resume=True, inventory=rec.inventory)
+    probed = probe_for_stages(left, request)
+    the_plan = plan(left, request, run_id=current.run_id, resume=True, inventory=rec.inventory,
+                    memory=doctor.memory_of(probed) if probed else None)
     entry = restarts.left_out(rec, current.run_id, fault.node, fault.cause, fault.why)
     print(restarts.restart_line(entry, left, restart, policy), flush=True)
     if alone:
         print(f"==> {left.training_nodes[0].name} alone holds the whole model: no {current.request.parallel} "
               "parallelism on one rank", flush=True)
-    preflight(the_plan)
+    preflight(the_plan, probed)
     return the_plan

@@ -20,6 +20,7 @@ from typing import Any
 
 from mlxcluster.describe.cluster import Cluster
 from mlxcluster.errors import UserError, reason
+from mlxcluster.launch.stages import layer_count
 
 MODES = ("data", "tensor", "pipeline")
 # What each mode that splits the model does with it, as its refusal on one rank says.
@@ -52,8 +53,8 @@ def problems(cluster: Cluster, model: Path, mode: str, shape: Mapping[str, Any] 
     if not config:
         return []
     if mode == "pipeline":
-        layers = config.get("num_hidden_layers")
-        if isinstance(layers, int) and ranks > layers:
+        layers = layer_count(config)
+        if layers is not None and ranks > layers:
             return [f"--parallel pipeline on {ranks} ranks: {model} has {layers} layers, and each stage "
                     f"holds at least one; train on at most {layers} ranks"]
         return []

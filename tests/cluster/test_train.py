@@ -185,7 +185,14 @@ def test_pipeline_stages_on_both_nodes_train_one_process_s_adapters_over_mpi(pro
         "--learning-rate 1e-3")
     run_dir = finished_run(proc)
     assert "==> pipeline parallel: each of the 2 ranks holds a stage of whole layers" in proc.stdout
+    # The controller probed both nodes and sized the stages from their free memory (the split by
+    # memory itself: tests/unit/mlxcluster/launch/test_stages.py); every rank got them.
+    sized = r"==> pipeline stages 1,1 layers \(from each node's free memory: node1 [\d.]+, node2 [\d.]+ GB\)"
+    assert re.search(sized, proc.stdout), proc.stdout
     try:
+        info = json.loads((run_dir / "run.json").read_text())
+        assert info["pipeline_layers"] == [1, 1], info
+        assert info["pipeline_layers_why"].startswith("from each node's free memory"), info
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["world_size"] == 2 and summary["parallel"] == "pipeline"
         reference = one_process_run(run_dir, model_dir, data_dir, tmp_path / "one")

@@ -154,6 +154,7 @@ TESTED_THROUGH = {
     "mlxcluster/describe/addresses.py": "mlxcluster/describe/record.py",
     "mlxcluster/describe/cluster.py": "tests/unit/mlxcluster/jobs/test_train.py",
     "mlxcluster/describe/drained.py": "mlxcluster/jobs/restarts.py",
+    "mlxcluster/check/checks.py": "mlxcluster/check/doctor.py",
     "mlxcluster/launch/parallel.py": "mlxcluster/check/doctor.py",
     "mlxcluster/launch/relay.py": "tests/unit/mlxcluster/launch/test_runs.py",
     "mlxcluster/launch/remote.py": "tests/unit/mlxcluster/launch/test_builder.py",

@@ -119,3 +119,61 @@ def test_a_benchmark_s_runs_need_each_node_s_largest():
     assert both.memory == {"node1": 3 * GIB, "node2": 0.5 * GIB}
     assert both.held["node1"] == "the whole model on 2 ranks"
     assert room.largest([None]) is None
+
+
+# --- pipeline stages: each stage's real share --------------------------------------------------------
+
+
+def test_a_pipeline_stage_needs_its_layers_bytes_and_its_edges(tmp_path: Path):
+    """Read from the headers: the first stage holds the embeddings, the last the norm and (the
+    head being tied here) the embeddings too; stages of 4, 1 and 1 of 6 layers."""
+    stand_in.make(tmp_path / "six", num_hidden_layers=6)
+    found = room.weights(tmp_path / "six", by_layer=True)
+    assert found is not None and found.body is not None
+    tensors = room.headers([tmp_path / "six" / "model.safetensors"])
+    layer = [sum(t.bytes for n, t in tensors.items() if n.startswith(f"model.layers.{i}.")) for i in range(6)]
+    embeddings = tensors["model.embed_tokens.weight"].bytes
+    norm = tensors["model.norm.weight"].bytes
+    assert found.body == room.Body(tuple(layer), embeddings, norm, tied=True)
+    whole = sum(layer) + embeddings + norm
+    stages = room.for_run(cluster(), tmp_path / "six", parallel="pipeline", stages=[4, 1, 1])
+    assert stages is not None
+    # node1: ranks 0 and 1 (layers 1-4 with the embeddings, layer 5); node2: rank 2 (layer 6, the head).
+    held = [sum(layer[:4]) + embeddings, layer[4], layer[5] + norm + embeddings]
+    assert stages.memory == {
+        "node1": round(found.stored * (held[0] + held[1]) / whole * room.MEMORY_FACTOR),
+        "node2": round(found.stored * held[2] / whole * room.MEMORY_FACTOR)}
+    assert stages.held == {"node1": "layers 1-4 of 6 and the embeddings; layer 5 of 6 on 2 ranks",
+                           "node2": "layer 6 of 6 and the head on 1 rank"}
+    # Without stages: as equal as the ranks split them by default (2, 2 and 2).
+    equal = room.for_run(cluster(), tmp_path / "six", parallel="pipeline")
+    assert equal is not None
+    assert equal.memory["node2"] == round(found.stored * (sum(layer[4:]) + norm + embeddings) / whole
+                                          * room.MEMORY_FACTOR)
+
+
+def test_without_the_layers_bytes_a_stage_needs_its_fraction_of_the_layers():
+    stages = room.need(cluster(), Q4, parallel="pipeline", stages=[4, 1, 1])
+    assert stages.memory == {"node1": round(GIB * 5 / 6 * 1.5), "node2": round(GIB / 6 * 1.5)}
+    assert stages.held["node2"] == "layer 6 of 6 on 1 rank"
+
+
+def test_stages_sized_from_the_memory_the_preflight_counts_pass_it_where_equal_ones_do_not():
+    from mlxcluster.launch import stages
+
+    six = room.Weights(6 * GIB, 6 * GIB, quantized=False, body=room.Body((GIB,) * 6, 0, 0, tied=False))
+    gathered = healthy()
+    gathered["nodes"]["node1"]["memory"]["available"] = 12 * GIB  # 6 a rank
+    gathered["nodes"]["node2"]["memory"]["available"] = int(2.5 * GIB)
+    memory = doctor.memory_of(gathered)
+    assert memory == {"node1": 12 * GIB, "node2": int(2.5 * GIB)}
+    sized = stages.sized(cluster(), 6, memory)
+    assert sized.counts == (3, 2, 1)
+    fits = room.need(cluster(), six, parallel="pipeline", stages=sized.counts)
+    assert [c for c in doctor.evaluate(cluster(), HOSTFILE, gathered, fits) if not c.ok] == []
+    equal = room.need(cluster(), six, parallel="pipeline")  # 2, 2 and 2 layers: node2's 3 GiB do not fit
+    [red] = [c for c in doctor.evaluate(cluster(), HOSTFILE, gathered, equal) if not c.ok]
+    assert (red.scope, red.name) == ("node2", "free memory")
+    # A node that did not answer has no memory to size by.
+    gathered["nodes"]["node2"] = {"unreachable": "no route"}
+    assert doctor.memory_of(gathered) == {"node1": 12 * GIB, "node2": None}

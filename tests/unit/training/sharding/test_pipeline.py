@@ -32,11 +32,15 @@ def pipeline_run(root: Path, out: str, stages: int, *extra: str) -> str:
 
 
 def assert_one_process(root: Path, single: str, stages: str) -> None:
-    """The adapters within 1e-4 of one process's, and every train and validation loss, report by report."""
+    """The adapters within 1e-4 of one process's, and every train and validation loss, report by
+    report, within 1e-4 of its size (or 1e-4, whichever is larger): the stages sum a batch's float32
+    terms in another order than one process, and ten steps of that leave a validation loss of 2.59
+    1.4e-4 apart on some CPUs' BLAS kernels (a dropped micro-batch moves it by more than 1e-2)."""
     assert max_difference(root / single, root / stages) < 1e-4
     for key in ("train_loss", "val_loss"):
         expected = losses(root / single, key)
-        assert len(expected) >= 4 and losses(root / stages, key) == pytest.approx(expected, abs=1e-4), key
+        found = losses(root / stages, key)
+        assert len(expected) >= 4 and found == pytest.approx(expected, rel=1e-4, abs=1e-4), key
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,167 @@
+"""Pipeline stages sized to each Mac: how many whole layers each rank of a `parallel: pipeline` run
+holds, worked out on the controller and passed to every rank as `--pipeline-layers a,b,c`.
+
+A Mac Studio of 192 GB beside two of 64 GB holds three times as much as either: under an equal
+split the small ones fill up while the big one idles, so each rank's run of layers is sized in
+proportion to what its node's memory can give (its free memory as the preflight counts it:
+mlxcluster/check/room.py's `free_memory`, the control group's limit where there is one), a node's
+ranks sharing it equally. Sizing by the same figure the preflight compares against means that a run
+sized here is one the preflight lets through whenever the model fits the cluster at all. The
+layers are dealt in ring (rank) order, so that every stage's neighbours are its ring neighbours,
+by the same deal that splits a batch (training/data/shares.py), so 192, 64 and 64 GB give 18, 6
+and 6 of 30 layers exactly.
+
+Who decides, first wins: the run's settings (`pipeline_layers` in the config or a flag; a resumed
+run's config.yaml keeps what the user set); a resumed run's own stages as run.json recorded them,
+when it runs on as many ranks; the inventory's per-node `pipeline_layers` (each of that node's
+ranks holds that many; the nodes without one share the rest); each node's free memory; equal
+stages when any node's memory is not known, said so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mlxcluster.describe.cluster import Cluster, Node
+from mlxcluster.errors import UserError
+from training.config import FinetuneConfig
+from training.data import shares
+
+# Where a model's config.json says how many layers its body has: most mlx-lm architectures say
+# num_hidden_layers; gpt2 and its kin n_layer; a few n_layers or num_layers. A multimodal model
+# keeps its language model's under text_config (mlx-lm trains that part).
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
+NESTED_CONFIGS = ("text_config", "language_config", "llm_config")
+
+
+def layer_count(config: Mapping[str, Any] | None) -> int | None:
+    """The layers of a model's body, from its config.json (None: not said there)."""
+    if not isinstance(config, Mapping):
+        return None
+    for key in LAYER_KEYS:
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    for key in NESTED_CONFIGS:
+        if (found := layer_count(config.get(key))) is not None:
+            return found
+    return None
+
+
+@dataclass(frozen=True)
+class Stages:
+    """Each rank's layers, in rank order, and where the sizes come from."""
+
+    counts: tuple[int, ...]
+    why: str
+
+    @property
+    def args(self) -> list[str]:
+        """The flag every rank gets (before the user's own, which win)."""
+        return ["--pipeline-layers", ",".join(map(str, self.counts))]
+
+    @property
+    def line(self) -> str:
+        """What the run says of its stages before it starts."""
+        return f"pipeline stages {','.join(map(str, self.counts))} layers ({self.why})"
+
+
+def asks_memory(settings: FinetuneConfig) -> bool:
+    """Whether planning this run may size its stages from the nodes' memory (so they are asked)."""
+    return settings.parallel == "pipeline" and settings.pipeline_layers is None
+
+
+def _ranks(cluster: Cluster) -> list[Node]:
+    return [node for node in cluster.training_nodes for _ in range(node.slots)]
+
+
+def _gb(size: float) -> str:
+    """Bytes in GB as people read a Mac's memory: `192`, `7.5`."""
+    gb = size / 2**30
+    return f"{gb:.0f}" if gb >= 10 else f"{gb:.1f}"
+
+
+def rank_memory(cluster: Cluster, memory: Mapping[str, int | None] | None) -> list[float | None]:
+    """Each rank's part of its node's free memory (None: not known), in rank order: a node's
+    ranks share it equally, as they share its GPU."""
+    weights: list[float | None] = []
+    for node in _ranks(cluster):
+        free = (memory or {}).get(node.name)
+        weights.append(free / node.slots if free and free > 0 else None)
+    return weights
+
+
+def by_memory(layers: int, weights: Sequence[float | None]) -> list[int]:
+    """`layers` dealt among ranks in proportion to their memory; equal when any is not known (a
+    guess for one rank would skew them all)."""
+    known = [w for w in weights if w is not None]
+    even = len(known) < len(weights)
+    try:
+        return shares.split(layers, [1.0] * len(weights) if even else known)
+    except shares.ShareError:
+        raise UserError(f"{layers} layers cannot give each of {len(weights)} pipeline stages one: "
+                        f"train on at most {layers} ranks") from None
+
+
+def _memory_words(memory: Mapping[str, int | None] | None, nodes: Sequence[Node]) -> str:
+    """Where memory-sized stages come from, or why they are equal instead."""
+    if memory is None:
+        return "equal: the nodes' free memory is not asked in a dry run; the run sizes them from it"
+    unknown = [n.name for n in nodes if not (memory.get(n.name) or 0) > 0]
+    if unknown:
+        return f"equal: the free memory of {', '.join(unknown)} is not known"
+    sizes = ", ".join(f"{n.name} {_gb(memory[n.name] or 0)}"
+                      + (f" over {n.slots} ranks" if n.slots > 1 else "") for n in nodes)
+    return f"from each node's free memory: {sizes} GB"
+
+
+def sized(cluster: Cluster, layers: int, memory: Mapping[str, int | None] | None) -> Stages:
+    """The stages of `layers` over the cluster's ranks, from the inventory's pipeline_layers where
+    a node sets it and each node's free memory for the rest (equal when any is not known). A
+    UserError names the nodes when the inventory's numbers cannot add up to the model's layers."""
+    ranks = _ranks(cluster)
+    fixed = [n.pipeline_layers for n in ranks]
+    free = [rank for rank, count in enumerate(fixed) if not count]
+    by_hand = sorted({n.name for n in ranks if n.pipeline_layers})
+    rest = layers - sum(fixed)
+    if by_hand and (rest < len(free) or (not free and rest != 0)):
+        given = ", ".join(f"{name} {cluster.node(name).pipeline_layers}" for name in by_hand)
+        wanted = (f"add up to {layers}" if not free else
+                  f"leave at least one layer to each of the {len(free)} other ranks")
+        raise UserError(f"pipeline_layers in the inventory ({given}, per rank) leaves {rest} of the "
+                        f"model's {layers} layers: make them {wanted}, or leave pipeline_layers out "
+                        "to size the stages from each node's memory")
+    weights = rank_memory(cluster, memory)
+    dealt = iter(by_memory(rest, [weights[rank] for rank in free]) if free else [])
+    counts = tuple(count or next(dealt) for count in fixed)
+    others = list({ranks[rank].name: ranks[rank] for rank in free}.values())
+    why = "; ".join([*([f"pipeline_layers in the inventory on {', '.join(by_hand)}"] if by_hand else []),
+                     *([_memory_words(memory, others)] if others else [])])
+    return Stages(counts, why)
+
+
+def recorded_stages(recorded: Any, world_size: int, layers: int) -> tuple[int, ...] | None:
+    """A resumed run's stages as its run.json recorded them, when they still fit: as many ranks
+    (a fault may have left fewer) and the model's layers."""
+    if not isinstance(recorded, list) or len(recorded) != world_size:
+        return None
+    whole = all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in recorded)
+    return tuple(recorded) if whole and sum(recorded) == layers else None
+
+
+def for_run(cluster: Cluster, settings: FinetuneConfig, model_config: Mapping[str, Any] | None,
+            memory: Mapping[str, int | None] | None, recorded: Any = None) -> Stages | None:
+    """The stages to give the ranks of this run (None: not a pipeline run, the settings set
+    pipeline_layers themselves, or the model's layers are not known here, and the ranks split
+    them equally by themselves). `memory`: each node's free memory (None: not asked, a dry run);
+    `recorded`: a resumed run's pipeline_layers from its run.json."""
+    if not asks_memory(settings) or cluster.world_size < 2:
+        return None
+    layers = layer_count(model_config)
+    if layers is None:
+        return None
+    if kept := recorded_stages(recorded, cluster.world_size, layers):
+        return Stages(kept, "as this run recorded them when it started")
+    return sized(cluster, layers, memory)
