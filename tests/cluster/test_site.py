@@ -312,7 +312,7 @@ def test_doctor_names_a_broken_key_a_version_mismatch_and_a_down_interface(lab_c
                         ("node2", "mlx-lm"), ("node2", "interface bridge0"),
                         ("node1 -> node2", link), ("node3 -> node2", link),
                         ("node2 -> node1", link), ("node2 -> node3", link),
-                        ("cluster", "MPI jobs (mpirun hostname, MLX all_sum)")}, sorted(red)
+                        ("cluster", "MPI jobs (mpirun hostname, MLX all_sum, send/recv)")}, sorted(red)
     assert doctor(lab_cluster)[0] == 0  # repaired
 
 
