@@ -98,17 +98,16 @@ def run_jobs(cluster: Cluster) -> dict[str, tuple[Any, ...]]:
     """The cluster-wide jobs: hostname on every slot and an MLX all_sum over every rank, with
     mpirun; in links mode the all_sum alone, with the backend training uses there (ring or JACCL).
     Then, when they passed, MLX send/recv between neighbouring ranks, as a pipeline sends."""
+    backend = builder.backend_for(cluster, None)  # the one a run would take
     if cluster.cables:
         jobs: dict[str, tuple[Any, ...]] = {
-            "all_sum": mpi_job(cluster, ["python", "-c", ALL_SUM],
-                               backend=builder.backend_for(cluster, None))}
+            "all_sum": mpi_job(cluster, ["python", "-c", ALL_SUM], backend=backend)}
     else:
         jobs = {"hostname": mpi_job(cluster, ["hostname"])}
         if cluster.world_size > 1:
             jobs["all_sum"] = mpi_job(cluster, ["python", "-c", ALL_SUM])
     if cluster.world_size > 1 and all(job[0] == 0 for job in jobs.values()):
-        # Send/recv between neighbouring ranks, over the backend a run would take (pairs.py).
-        backend = builder.backend_for(cluster, None)
+        # Send/recv between neighbouring ranks, over that backend (pairs.py).
         jobs["send_recv"] = (*mpi_job(cluster, pairs.program(), backend=backend), backend)
     return jobs
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from jinja2 import Undefined
@@ -254,8 +254,8 @@ def inventory_errors(groups: Mapping[str, Sequence[str]],
 
     errors += _cluster_link_errors(groups, cluster, hostvars)
     errors += cluster_share_errors(cluster, hostvars)
-    errors += [e for host in cluster if (e := dequantize_error(host, hostvars.get(host, {})))]
-    errors += [e for host in cluster if (e := stage_layers_error(host, hostvars.get(host, {})))]
+    errors += [e for host in cluster for key, read in ONE_NODE_SETTINGS
+               if (e := setting_error(host, hostvars.get(host, {}), key, read))]
 
     launchers = list(groups.get("launcher") or [])
     if not launchers:
@@ -422,10 +422,11 @@ def dequantize_value(raw: Any) -> bool:
                      "the default: they train on its quantized weights)")
 
 
-def dequantize_error(host: str, hv: Mapping[str, Any]) -> str | None:
-    """What is wrong with a node's model_dequantize (None: fine)."""
+def setting_error(host: str, hv: Mapping[str, Any], key: str, read: Callable[[Any], Any]) -> str | None:
+    """What is wrong with a node's `key` as `read` takes it (a ValueError says what), said with
+    the host (None: fine)."""
     try:
-        dequantize_value(hv.get("model_dequantize"))
+        read(hv.get(key))
     except ValueError as error:
         return f"{host}: {error}"
     return None
@@ -448,10 +449,5 @@ def stage_layers_value(raw: Any) -> int:
     return int(text)
 
 
-def stage_layers_error(host: str, hv: Mapping[str, Any]) -> str | None:
-    """What is wrong with a node's pipeline_layers (None: fine)."""
-    try:
-        stage_layers_value(hv.get("pipeline_layers"))
-    except ValueError as error:
-        return f"{host}: {error}"
-    return None
+# The settings each node has on its own, checked one node at a time: the key and its reader.
+ONE_NODE_SETTINGS = (("model_dequantize", dequantize_value), ("pipeline_layers", stage_layers_value))

@@ -91,13 +91,12 @@ def receive_all(group: Any, source: int, direction: int,
     for index, (shape, dtype) in enumerate(shapes):
         got = mx.distributed.recv(shape, dtype, source, group=group, stream=mx.cpu)
         mx.eval(got)
+        where = {"from": source, "to": group.rank(), "direction": DIRECTIONS[direction],
+                 "tensor": index, "what": label(shape, dtype)}
         if got.shape != tuple(shape) or got.dtype != dtype:
-            found.append({"from": source, "to": group.rank(), "direction": DIRECTIONS[direction],
-                          "tensor": index, "what": label(shape, dtype),
-                          "got_shape": f"{label(got.shape, got.dtype)}"})
+            found.append({**where, "got_shape": label(got.shape, got.dtype)})
         elif difference := compare(got, expected(source, direction, index, shape, dtype)):
-            found.append({"from": source, "to": group.rank(), "direction": DIRECTIONS[direction],
-                          "tensor": index, "what": label(shape, dtype), **difference})
+            found.append({**where, **difference})
     return found
 
 
