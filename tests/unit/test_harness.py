@@ -121,16 +121,24 @@ def test_each_worker_s_local_rings_listen_on_ports_of_its_own(monkeypatch):
     assert len(set(firsts)) == 3 and max(firsts) + rings.PORTS_PER_WORKER <= 32768
 
 
+# Rank 1 fails only once rank 0 has printed (its mark file exists): on a loaded machine rank 1 could
+# otherwise fail, and have rank 0 stopped, before rank 0's Python had started.
 RANK_PROGRAM = """import json, os, sys, time
-rank = int(os.environ["MLX_RANK"])
+from pathlib import Path
+rank, mark = int(os.environ["MLX_RANK"]), Path(sys.argv[1])
 print(rank, json.dumps(open(os.environ["MLX_HOSTFILE"]).read().strip()), flush=True)
-if rank == 1:
-    sys.exit(3)
-time.sleep(60)
+if rank == 0:
+    mark.touch()
+    time.sleep(60)
+for _ in range(300):
+    if mark.exists():
+        break
+    time.sleep(0.1)
+sys.exit(3)
 """
 
 
-def test_local_ring_ranks_start_as_mlx_launch_starts_them_and_the_first_failure_stops_them_all():
+def test_local_ring_ranks_start_as_mlx_launch_starts_them_and_the_first_failure_stops_them_all(tmp_path):
     """The cluster's launcher on local hosts (tests/unit/rings.py): each rank its MLX_RANK and the
     ring's hostfile of local ports; rank 1 failing stops rank 0 (asleep for a minute) at once, the
     launcher says so, and exits with rank 1's status (mlx.launch exits 0)."""
@@ -139,8 +147,9 @@ def test_local_ring_ranks_start_as_mlx_launch_starts_them_and_the_first_failure_
     from tests.unit import rings
 
     # Within 50 s (or subprocess.run fails the test): rank 0 did not sleep its minute out.
-    done = subprocess.run([*rings.launch(2), sys.executable, "-c", RANK_PROGRAM], cwd=REPO,
-                          capture_output=True, text=True, timeout=50, stdin=subprocess.DEVNULL)
+    program = [sys.executable, "-c", RANK_PROGRAM, str(tmp_path / "printed")]
+    done = subprocess.run([*rings.launch(2), *program], cwd=REPO, capture_output=True, text=True,
+                          timeout=50, stdin=subprocess.DEVNULL)
     assert done.returncode == 3, done.stderr
     assert "Node with rank 1 exited with code 3" in done.stderr
     assert "Node with rank 0 was stopped (status -15)" in done.stderr
