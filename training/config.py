@@ -30,7 +30,7 @@ from training import older_keys
 from training.config_file import ConfigError
 from training.data import shares
 from training.model import quantization
-from training.parallel_rules import pipeline_problems, tensor_problems
+from training.parallel_rules import pipeline_problems, pipeline_replicas, tensor_problems
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "lora.yaml"
 FINE_TUNE_TYPES = ("lora", "dora", "full")
@@ -111,6 +111,12 @@ class FinetuneConfig:
         default=None,
         metadata=_help("parallel pipeline: the layers each rank holds, in rank order, adding up to the "
                        "model's (e.g. 10,14,6); none: as equal as can be"))
+    pipeline_stages: int = field(
+        default=0,
+        metadata=_help("parallel pipeline: the stages the layers are cut into; the ranks make replicas of "
+                       "them (ranks / stages, each a run of consecutive ranks) that split each batch as "
+                       "data parallelism does (batch_shares: one per replica); 0: one stage per rank, or "
+                       "one per pipeline_layers entry"))
     pipeline_micro_batches: int = field(
         default=0,
         metadata=_help("parallel pipeline: micro-batches each batch goes through the stages in (at most "
@@ -139,8 +145,8 @@ class FinetuneConfig:
 
 
 CONFIG_KEYS = tuple(f.name for f in dataclasses.fields(FinetuneConfig))
-PROJECT_KEYS = ("parallel", "pipeline_layers", "pipeline_micro_batches", "batch_shares", "max_micro_batch",
-                "dequantize_ranks", "stall_timeout",
+PROJECT_KEYS = ("parallel", "pipeline_layers", "pipeline_stages", "pipeline_micro_batches", "batch_shares",
+                "max_micro_batch", "dequantize_ranks", "stall_timeout",
                 "save_rank_weights", "save_every_minutes")
 KEY_TYPES = typing.get_type_hints(FinetuneConfig)
 DEFAULTS = FinetuneConfig()
@@ -409,9 +415,11 @@ class BatchPlan:
 
 
 def data_ranks(config: FinetuneConfig, world_size: int) -> int:
-    """The ranks that split each batch: all of them in data parallelism; in tensor and pipeline
-    parallelism every rank computes the whole batch, as one."""
-    return 1 if config.parallel in ("tensor", "pipeline") else world_size
+    """The ranks that split each batch: all of them in data parallelism; in tensor parallelism every
+    rank computes the whole batch, as one; in pipeline parallelism the replicas of the stages do."""
+    if config.parallel == "pipeline":
+        return pipeline_replicas(config, world_size)
+    return 1 if config.parallel == "tensor" else world_size
 
 
 def batch_plan(config: FinetuneConfig, world_size: int) -> BatchPlan:
@@ -419,7 +427,8 @@ def batch_plan(config: FinetuneConfig, world_size: int) -> BatchPlan:
     is wrong with them)."""
     world_size = data_ranks(config, world_size)
     if config.batch_shares:
-        cut = shares.parse(config.batch_shares, world_size, "batch_shares")
+        unit = "replica" if config.parallel == "pipeline" else "rank"  # of the stages
+        cut = shares.parse(config.batch_shares, world_size, "batch_shares", unit)
         if 0 in cut or sum(cut) != config.batch_size:
             raise shares.ShareError(
                 f"batch_shares {config.batch_shares} must give every rank at least 1 example and sum "

@@ -228,7 +228,9 @@ def check_ranks(
     return RankChecks(
         spread,
         openblas,
-        gradient_sync_seconds(model, layout.data_group),
+        # A pipeline's replicas time their own averaging (training/sharding/stage_layout.py).
+        layout.sync_seconds(model) if hasattr(layout, "sync_seconds") else gradient_sync_seconds(
+            model, layout.data_group),
         tokens,
         peaks,
         per_rank_text(base_weights, group),

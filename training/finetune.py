@@ -64,8 +64,9 @@ from training.loop.resume import Checkpointer, resume_point
 from training.loop.watchdog import StallWatchdog
 from training.parallel_rules import pipeline_micro_batches
 from training.sharding import pipeline, tensor_parallel
+from training.sharding.stage_layout import PipelineLayout
 
-Layout = tensor_parallel.Layout | pipeline.PipelineLayout
+Layout = tensor_parallel.Layout | PipelineLayout
 
 # What rank 0 leaves in adapter_path, besides the checkpoints/ directory.
 OUTPUT_FILES = (
@@ -166,8 +167,11 @@ class MicroSteps(trainer.TrainingCallback):
 
 def _averaging(layout: Layout) -> Any:
     """The gradient averaging for mlx-lm's step. Its own averages across every rank: right when the
-    ranks split the batch, wrong when they hold different parts of the parameters (tensor and
-    pipeline parallelism), where each rank's gradients are already the whole batch's."""
+    ranks split the batch, wrong when they hold different parts of the parameters: in tensor
+    parallelism each rank's gradients are already the whole batch's, and in pipeline parallelism a
+    stage's are averaged among its replicas alone."""
+    if isinstance(layout, PipelineLayout):
+        return layout.average
     return (lambda gradients: gradients) if layout.split_parameters else trainer.average_gradients
 
 
@@ -239,10 +243,10 @@ def train(
 
 def _pipeline_step(config: FinetuneConfig, layout: Layout) -> pipeline.PipelineStep | None:
     """The stages' step (parallel pipeline), agreed with the neighbours; None in any other mode."""
-    if not isinstance(layout, pipeline.PipelineLayout):
+    if not isinstance(layout, PipelineLayout):
         return None
-    return pipeline.PipelineStep(layout.stage, layout.group,
-                                 pipeline_micro_batches(config, layout.group.size()))
+    micro = pipeline_micro_batches(config, layout.stage.stages)
+    return pipeline.PipelineStep(layout.stage, layout.group, micro)
 
 
 @contextlib.contextmanager

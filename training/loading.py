@@ -31,8 +31,9 @@ from training.config import ConfigError, FinetuneConfig
 from training.loop import checkpoint
 from training.loop.resume import resume_from
 from training.model import quantization
-from training.parallel_rules import pipeline_layer_counts
+from training.parallel_rules import pipeline_layer_counts, pipeline_stage_count
 from training.sharding import pipeline, tensor_parallel
+from training.sharding.stage_layout import PipelineLayout, stage_group
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class Loaded:
     valid: CacheDataset | None  # None: the data has no validation examples
     test: Any  # the test split (empty unless config.test)
     seconds: float  # how long loading took
-    layout: tensor_parallel.Layout | pipeline.PipelineLayout  # how the trainable parameters lie across ranks
+    layout: tensor_parallel.Layout | PipelineLayout  # how the trainable parameters lie across ranks
     base_weights: str = quantization.FLOAT  # what this rank's base weights are: quantization.describe
 
 
@@ -110,7 +111,7 @@ def load_base(config: FinetuneConfig, group: Any) -> tuple[nn.Module, Any, str]:
     return model, tokenizer, base_weights
 
 
-def load_stage(config: FinetuneConfig, group: Any) -> tuple[nn.Module, Any, str, pipeline.PipelineLayout]:
+def load_stage(config: FinetuneConfig, group: Any) -> tuple[nn.Module, Any, str, PipelineLayout]:
     """This rank's stage of the model (parallel pipeline: training/sharding/pipeline.py): read lazily,
     its trainable layers put on the whole model as one process does, then this rank's run of layers
     kept and read, nothing else; its tokenizer, base weights in a few words, and layout."""
@@ -126,10 +127,13 @@ def load_stage(config: FinetuneConfig, group: Any) -> tuple[nn.Module, Any, str,
     owner, _ = pipeline.layers_owner(model)
     if config.grad_checkpoint:  # every layer of the class, before the stage's edge layers get theirs
         trainer.grad_checkpoint(owner["layers"][0])
-    runs = pipeline.stage_layers(len(owner["layers"]), group.size(), counts=pipeline_layer_counts(config))
-    stage = pipeline.make_stage(model, group.rank(), runs)
+    stages = pipeline_stage_count(config, group.size())
+    runs = pipeline.stage_layers(len(owner["layers"]), stages, counts=pipeline_layer_counts(config))
+    # rank = replica x stages + stage (training/sharding/stage_layout.py)
+    stage = pipeline.make_stage(model, group.rank() % stages, runs)
     mx.eval([layer.parameters() for layer in owner["layers"]])  # this stage's layers, read now
-    return model, tokenizer, quantization.base_weights(model_config), pipeline.PipelineLayout(group, stage)
+    layout = PipelineLayout(group, stage, stage_group(group, stage.stage, stages))
+    return model, tokenizer, quantization.base_weights(model_config), layout
 
 
 def load_model_and_data(config: FinetuneConfig, group: Any) -> Loaded:

@@ -38,7 +38,7 @@ def pipeline_problems(config: FinetuneConfig, world_size: int) -> list[str]:
     stages fit the model's layers is known once its config is read: training/sharding/pipeline.py.)"""
     problems = []
     if config.parallel != "pipeline":
-        for key in ("pipeline_layers", "pipeline_micro_batches"):
+        for key in ("pipeline_layers", "pipeline_stages", "pipeline_micro_batches"):
             if getattr(config, key) not in (None, 0):
                 problems.append(f"{key} is for parallel pipeline; this run is parallel {config.parallel}")
         return problems
@@ -51,19 +51,53 @@ def pipeline_problems(config: FinetuneConfig, world_size: int) -> list[str]:
     elif config.pipeline_micro_batches > config.batch_size >= 1:
         problems.append(f"pipeline_micro_batches {config.pipeline_micro_batches} is more than the "
                         f"{config.batch_size} examples of a batch; use at most {config.batch_size}")
-    if config.pipeline_layers is not None:
-        try:
-            counts = pipeline_layer_counts(config) or []
-        except ValueError:
-            counts = []
-        if len(counts) != world_size or min(counts, default=0) < 1:
-            problems.append(f"pipeline_layers {config.pipeline_layers}: give {world_size} whole numbers of "
-                            "at least 1, the layers of each rank in rank order (e.g. 10,14,6)")
-    for key in ("batch_shares", "max_micro_batch", "dequantize_ranks"):
+    problems += _stage_problems(config, world_size)
+    for key in ("max_micro_batch", "dequantize_ranks"):
         if getattr(config, key) is not None:
-            problems.append(f"{key} with parallel pipeline: not yet; every stage trains on the whole batch "
-                            "(set pipeline_micro_batches for memory) on the model as loaded")
+            problems.append(f"{key} with parallel pipeline: not yet; every stage trains on its replica's "
+                            "whole share of the batch (set pipeline_micro_batches for memory) on the model "
+                            "as loaded")
     return problems
+
+
+def _stage_problems(config: FinetuneConfig, world_size: int) -> list[str]:
+    """pipeline_stages and pipeline_layers: whole numbers that agree with each other and the ranks."""
+    stages = config.pipeline_stages
+    if not isinstance(stages, int) or stages < 0 or stages == 1:
+        return [f"pipeline_stages must be 0 (one stage per rank) or at least 2, got {stages}"]
+    if stages and world_size % stages:
+        fits = [n for n in range(2, world_size + 1) if world_size % n == 0]
+        return [f"pipeline_stages {stages} does not divide the {world_size} ranks into replicas of the "
+                f"stages: use one of {', '.join(map(str, fits)) or 'none (add ranks)'}"]
+    if config.pipeline_layers is None:
+        return []
+    try:
+        counts = pipeline_layer_counts(config) or []
+    except ValueError:
+        counts = []
+    wanted = pipeline_stage_count(config, world_size)
+    if len(counts) != wanted or min(counts, default=0) < 1:
+        return [f"pipeline_layers {config.pipeline_layers}: give {wanted} whole numbers of at least 1, "
+                "the layers of each stage in rank order (e.g. 10,14,6), as many as the stages "
+                "(pipeline_stages, or a number that divides the ranks)"]
+    return []
+
+
+def pipeline_stage_count(config: FinetuneConfig, world_size: int) -> int:
+    """The stages of a pipeline run on `world_size` ranks: pipeline_stages, else as many as
+    pipeline_layers gives when that divides the ranks, else one per rank."""
+    if config.pipeline_stages:
+        return config.pipeline_stages
+    try:
+        counts = pipeline_layer_counts(config)
+    except ValueError:  # a word: _stage_problems says so
+        return world_size
+    return len(counts) if counts and len(counts) >= 2 and world_size % len(counts) == 0 else world_size
+
+
+def pipeline_replicas(config: FinetuneConfig, world_size: int) -> int:
+    """The replicas of the stages that split each batch of a pipeline run (1: the stages alone)."""
+    return max(1, world_size // pipeline_stage_count(config, world_size))
 
 
 def pipeline_layer_counts(config: FinetuneConfig) -> list[int] | None:
@@ -74,6 +108,7 @@ def pipeline_layer_counts(config: FinetuneConfig) -> list[int] | None:
     return [int(part) for part in str(config.pipeline_layers).split(",")]
 
 
-def pipeline_micro_batches(config: FinetuneConfig, world_size: int) -> int:
-    """The micro-batches a pipeline batch goes through the stages in."""
-    return config.pipeline_micro_batches or min(config.batch_size, 2 * world_size)
+def pipeline_micro_batches(config: FinetuneConfig, stages: int) -> int:
+    """The micro-batches a replica's share of a batch goes through the stages in (at most its rows:
+    training/sharding/pipeline.py's micro_rows)."""
+    return config.pipeline_micro_batches or min(config.batch_size, 2 * stages)

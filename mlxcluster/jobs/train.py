@@ -44,7 +44,7 @@ from mlxcluster.provision import inputs, preview
 from training.config import FinetuneConfig
 from training.model import quantization
 from training.model.manifest import manifest_sha256
-from training.parallel_rules import pipeline_layer_counts
+from training.parallel_rules import pipeline_layer_counts, pipeline_stage_count
 
 
 @dataclass(frozen=True)
@@ -114,8 +114,9 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
     if resume and (restore := sync.push_checkpoints(RUNS / run_id, cluster.head, run_dir)):
         steps.append(restore)
     # A dry run before the default model is fetched still knows how it shards (its pinned shape).
+    stage_count = pipeline_stage_count(request.settings, cluster.world_size)
     parallel.check(cluster, request.model, request.parallel,
-                   request.pending_shape if "model" in request.pending else None)
+                   request.pending_shape if "model" in request.pending else None, stage_count)
     model_config = quantized.model_config(request.model,
                                           request.pending_shape if "model" in request.pending else None)
     shares = batch_shares.for_run(cluster, request.settings, request.calibration)
@@ -142,7 +143,7 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
     notices = [*([f"backend {backend}: {choice.why}"] if choice.why else []),
                *([shares_line(shares)] if shares else []),
                *([base.line] if base else []),
-               *([split] if (split := parallel.line(cluster, request.parallel)) else []),
+               *([split] if (split := parallel.line(cluster, request.parallel, stage_count)) else []),
                *([sized.line] if sized else [])]
     launch = builder.command(cluster, job)
     return Plan(cluster, request, settings, run_id, resume, backend, steps, launch,

@@ -24,6 +24,7 @@ from mlxcluster.errors import UserError
 from training.config import FinetuneConfig
 from training.data import shares
 from training.model.manifest import manifest_sha256
+from training.parallel_rules import pipeline_stage_count
 
 # --- calibration -----------------------------------------------------------------------------------
 
@@ -127,6 +128,8 @@ def for_run(cluster: Cluster, settings: FinetuneConfig,
         return None
     if settings.batch_shares or settings.parallel == "tensor":  # tensor: all ranks take the whole batch
         return None
+    if settings.parallel == "pipeline":
+        return replica_shares(cluster, settings, calibration)
     ranks = _ranks(cluster)
     given, source = weights(cluster, calibration)
     limits = [0 if settings.max_micro_batch else int(n.max_micro_batch or 0) for n in ranks]
@@ -137,3 +140,24 @@ def for_run(cluster: Cluster, settings: FinetuneConfig,
     except shares.ShareError as error:
         raise UserError(str(error)) from None
     return Shares(cut, limits, f"from {source}", given)
+
+
+def replica_shares(cluster: Cluster, settings: FinetuneConfig,
+                   calibration: Mapping[str, Any] | None) -> Shares | None:
+    """A pipeline run's shares: one per replica of the stages (consecutive runs of ranks), each
+    weighed as its slowest rank, since its micro-batches go through every one of its stages (None:
+    one replica, or equal weights)."""
+    stages = pipeline_stage_count(settings, cluster.world_size)
+    replicas = cluster.world_size // stages
+    if replicas < 2:
+        return None
+    given, source = weights(cluster, calibration)
+    slowest = [min(given[replica * stages:(replica + 1) * stages]) for replica in range(replicas)]
+    if len(set(slowest)) == 1:
+        return None
+    try:
+        cut = shares.split(settings.batch_size, slowest)
+    except shares.ShareError as error:
+        raise UserError(str(error)) from None
+    return Shares(cut, [0] * replicas, f"from {source}, each replica of the stages as its slowest rank",
+                  slowest)

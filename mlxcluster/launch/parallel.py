@@ -37,10 +37,12 @@ def flags(parallel: str | None) -> list[str]:
     return ["--parallel", parallel]
 
 
-def problems(cluster: Cluster, model: Path, mode: str, shape: Mapping[str, Any] | None = None) -> list[str]:
+def problems(cluster: Cluster, model: Path, mode: str, shape: Mapping[str, Any] | None = None,
+             stages: int | None = None) -> list[str]:
     """Why this cluster cannot train `model` with parallelism `mode` (empty when it can). `shape`:
     the config a model not fetched yet will have (the embedded default's, in a dry run); another
-    model not on the controller yet (a hub id) is checked by the nodes."""
+    model not on the controller yet (a hub id) is checked by the nodes. `stages`: a pipeline's
+    (default: one per rank)."""
     if mode not in SPLITS:
         return []
     ranks = cluster.world_size
@@ -54,9 +56,10 @@ def problems(cluster: Cluster, model: Path, mode: str, shape: Mapping[str, Any] 
         return []
     if mode == "pipeline":
         layers = layer_count(config)
-        if layers is not None and ranks > layers:
-            return [f"--parallel pipeline on {ranks} ranks: {model} has {layers} layers, and each stage "
-                    f"holds at least one; train on at most {layers} ranks"]
+        count = stages or ranks
+        if layers is not None and count > layers:
+            return [f"--parallel pipeline in {count} stages: {model} has {layers} layers, and each stage "
+                    f"holds at least one; use at most {layers} stages (pipeline_stages)"]
         return []
     # The sharding rules are mlx-lm's (each model's shard()): mlx, mlx-lm and transformers, seconds
     # to import, only for a tensor-parallel run, not for every invoke command that imports this.
@@ -81,17 +84,25 @@ def _model_config(model: Path, shape: Mapping[str, Any] | None) -> Mapping[str, 
     return config
 
 
-def check(cluster: Cluster, model: Path, mode: str, shape: Mapping[str, Any] | None = None) -> None:
-    if found := problems(cluster, model, mode, shape):
+def check(cluster: Cluster, model: Path, mode: str, shape: Mapping[str, Any] | None = None,
+          stages: int | None = None) -> None:
+    if found := problems(cluster, model, mode, shape, stages):
         raise UserError(f"cannot train with --parallel {mode}:\n  " + "\n  ".join(found))
 
 
-def line(cluster: Cluster, mode: str) -> str | None:
-    """What `invoke train` says of a tensor- or pipeline-parallel run before it starts (None: data)."""
+def line(cluster: Cluster, mode: str, stages: int | None = None) -> str | None:
+    """What `invoke train` says of a tensor- or pipeline-parallel run before it starts (None: data).
+    `stages`: a pipeline's (default: one per rank)."""
     ranks = cluster.world_size
     if mode == "tensor":
         return (f"tensor parallel: each of the {ranks} ranks holds 1/{ranks} of every layer's attention "
                 "and MLP (and their LoRA); all train on the whole batch together")
+    if mode == "pipeline" and stages and stages < ranks:
+        runs = ", ".join(f"{first}-{first + stages - 1}" for first in range(0, ranks, stages))
+        return (f"pipeline and data parallel: {ranks // stages} replicas of {stages} stages of whole layers "
+                f"(ranks {runs}); each replica's share of a batch goes through its stages in micro-batches, "
+                "and a stage's replicas average its gradients (pipeline_stages, pipeline_layers, "
+                "batch_shares)")
     if mode == "pipeline":
         return (f"pipeline parallel: each of the {ranks} ranks holds a stage of whole layers, in rank "
                 "order; each batch goes through the stages in micro-batches (pipeline_layers, "

@@ -11,6 +11,10 @@ layers are dealt in ring (rank) order, so that every stage's neighbours are its 
 by the same deal that splits a batch (training/data/shares.py), so 192, 64 and 64 GB give 18, 6
 and 6 of 30 layers exactly.
 
+With pipeline and data together (`pipeline_stages` fewer than the ranks) the ranks make replicas of
+the stages, each a run of consecutive ranks; a stage is sized by the least memory among its replicas'
+ranks, since every replica holds it.
+
 Who decides, first wins: the run's settings (`pipeline_layers` in the config or a flag; a resumed
 run's config.yaml keeps what the user set); a resumed run's own stages as run.json recorded them,
 when it runs on as many ranks; the inventory's per-node `pipeline_layers` (each of that node's
@@ -28,6 +32,7 @@ from mlxcluster.describe.cluster import Cluster, Node
 from mlxcluster.errors import UserError
 from training.config import FinetuneConfig
 from training.data import shares
+from training.parallel_rules import pipeline_stage_count
 
 # Where a model's config.json says how many layers its body has: most mlx-lm architectures say
 # num_hidden_layers; gpt2 and its kin n_layer; a few n_layers or num_layers. A multimodal model
@@ -117,35 +122,60 @@ def _memory_words(memory: Mapping[str, int | None] | None, nodes: Sequence[Node]
     return f"from each node's free memory: {sizes} GB"
 
 
-def sized(cluster: Cluster, layers: int, memory: Mapping[str, int | None] | None) -> Stages:
-    """The stages of `layers` over the cluster's ranks, from the inventory's pipeline_layers where
-    a node sets it and each node's free memory for the rest (equal when any is not known). A
-    UserError names the nodes when the inventory's numbers cannot add up to the model's layers."""
+def _folded(values: Sequence[Any], stages: int) -> list[list[Any]]:
+    """Per-rank values gathered per stage: stage s is ranks s, s + stages, ... (one per replica)."""
+    return [list(values[stage::stages]) for stage in range(stages)]
+
+
+def _stage_fixed(cluster: Cluster, ranks: Sequence[Node], stages: int) -> list[int]:
+    """Each stage's layers as the inventory sets them on its ranks' nodes (0: not set); a UserError
+    when the replicas of a stage sit on nodes that set different numbers."""
+    fixed = []
+    for stage, nodes in enumerate(_folded(ranks, stages)):
+        given = {n.pipeline_layers for n in nodes if n.pipeline_layers}
+        if len(given) > 1:
+            named = ", ".join(f"{n.name} {n.pipeline_layers}" for n in nodes if n.pipeline_layers)
+            raise UserError(f"pipeline_layers in the inventory differs between the replicas of stage "
+                            f"{stage} ({named}): a stage holds the same layers in every replica; give "
+                            "those nodes the same number")
+        fixed.append(given.pop() if given else 0)
+    return fixed
+
+
+def sized(cluster: Cluster, layers: int, memory: Mapping[str, int | None] | None,
+          stages: int | None = None) -> Stages:
+    """The `stages` (default: one per rank) of `layers`, from the inventory's pipeline_layers where
+    a node sets it and the free memory of each stage's ranks for the rest (the least of its
+    replicas'; equal when any is not known). A UserError names the nodes when the inventory's
+    numbers cannot add up to the model's layers."""
     ranks = _ranks(cluster)
-    fixed = [n.pipeline_layers for n in ranks]
-    free = [rank for rank, count in enumerate(fixed) if not count]
+    stages = stages or len(ranks)
+    fixed = _stage_fixed(cluster, ranks, stages)
+    free = [stage for stage, count in enumerate(fixed) if not count]
     by_hand = sorted({n.name for n in ranks if n.pipeline_layers})
     rest = layers - sum(fixed)
     if by_hand and (rest < len(free) or (not free and rest != 0)):
         given = ", ".join(f"{name} {cluster.node(name).pipeline_layers}" for name in by_hand)
         wanted = (f"add up to {layers}" if not free else
-                  f"leave at least one layer to each of the {len(free)} other ranks")
-        raise UserError(f"pipeline_layers in the inventory ({given}, per rank) leaves {rest} of the "
+                  f"leave at least one layer to each of the {len(free)} other stages")
+        raise UserError(f"pipeline_layers in the inventory ({given}, per stage) leaves {rest} of the "
                         f"model's {layers} layers: make them {wanted}, or leave pipeline_layers out "
                         "to size the stages from each node's memory")
-    weights = rank_memory(cluster, memory)
-    dealt = iter(by_memory(rest, [weights[rank] for rank in free]) if free else [])
+    weights = [None if None in held else min(held) for held in _folded(rank_memory(cluster, memory), stages)]
+    dealt = iter(by_memory(rest, [weights[stage] for stage in free]) if free else [])
     counts = tuple(count or next(dealt) for count in fixed)
-    others = list({ranks[rank].name: ranks[rank] for rank in free}.values())
+    others = list({n.name: n for stage in free for n in _folded(ranks, stages)[stage]}.values())
     why = "; ".join([*([f"pipeline_layers in the inventory on {', '.join(by_hand)}"] if by_hand else []),
                      *([_memory_words(memory, others)] if others else [])])
+    if stages < len(ranks):
+        why += f"; {len(ranks) // stages} replicas of the stages, each stage as its smallest replica"
     return Stages(counts, why)
 
 
-def recorded_stages(recorded: Any, world_size: int, layers: int) -> tuple[int, ...] | None:
-    """A resumed run's stages as its run.json recorded them, when they still fit: as many ranks
-    (a fault may have left fewer) and the model's layers."""
-    if not isinstance(recorded, list) or len(recorded) != world_size:
+def recorded_stages(recorded: Any, stages: int, layers: int) -> tuple[int, ...] | None:
+    """A resumed run's stages as its run.json recorded them, when they still fit: as many stages
+    (a fault may have left fewer ranks) and the model's layers."""
+    if not isinstance(recorded, list) or len(recorded) != stages:
         return None
     whole = all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in recorded)
     return tuple(recorded) if whole and sum(recorded) == layers else None
@@ -162,6 +192,7 @@ def for_run(cluster: Cluster, settings: FinetuneConfig, model_config: Mapping[st
     layers = layer_count(model_config)
     if layers is None:
         return None
-    if kept := recorded_stages(recorded, cluster.world_size, layers):
+    count = pipeline_stage_count(settings, cluster.world_size)
+    if kept := recorded_stages(recorded, count, layers):
         return Stages(kept, "as this run recorded them when it started")
-    return sized(cluster, layers, memory)
+    return sized(cluster, layers, memory, count)

@@ -149,6 +149,7 @@ def test_the_readme_names_every_room():
 TESTED_THROUGH = {
     "training/config_file.py": "tests/unit/training/test_config.py",
     "training/parallel_rules.py": "tests/unit/training/sharding/test_pipeline.py",
+    "training/sharding/stage_layout.py": "tests/unit/training/sharding/test_pipeline.py",
     "mlxcluster/local.py": "mlxcluster/provision/ansible.py",
     "mlxcluster/paths.py": "tests/unit/mlxcluster/jobs/test_everywhere.py",
     "mlxcluster/describe/addresses.py": "mlxcluster/describe/record.py",

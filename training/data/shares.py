@@ -59,17 +59,18 @@ def step_times(shares: Sequence[int], weights: Sequence[float]) -> list[float]:
     return [t / fastest for t in times]
 
 
-def parse(text: str, world_size: int, what: str) -> list[int]:
-    """A comma-separated list of whole numbers, one per rank (a single one: the same for all)."""
+def parse(text: str, world_size: int, what: str, unit: str = "rank") -> list[int]:
+    """A comma-separated list of whole numbers, one per rank (a single one: the same for all);
+    `unit`: what splits the batch ("replica": a pipeline's replicas of its stages)."""
     words = [w.strip() for w in text.split(",")]
     if not all(w.isdigit() for w in words):
-        raise ShareError(f"{what} must be whole numbers separated by commas, one per rank, got {text!r}")
+        raise ShareError(f"{what} must be whole numbers separated by commas, one per {unit}, got {text!r}")
     values = [int(w) for w in words]
     if len(values) == 1:
         values *= world_size
     if len(values) != world_size:
-        raise ShareError(f"{what} {text!r} gives {len(values)} ranks a value, but the run has "
-                         f"{world_size}: give one per rank, in rank order")
+        raise ShareError(f"{what} {text!r} gives {len(values)} {unit}s a value, but the run has "
+                         f"{world_size}: give one per {unit}, in {unit} order")
     return values
 
 

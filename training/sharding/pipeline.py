@@ -18,16 +18,18 @@ MLX's send and recv have no gradient. Here, for any mlx-lm model whose body is a
    activations). Traffic goes one way at a time, so no two neighbours ever send to each other at
    once. It stands in for mlx-lm's `value_and_grad` in mlx-lm's own trainer, which keeps its
    loop, accumulation, optimizer, reports and validation.
-3. `PipelineLayout` is the stages' `Layout` (training/sharding/tensor_parallel.py): every stage's
-   parameters joined into one process's (checkpoints and adapters), a whole file cut into this
-   stage's part (resuming), losses and tokens counted once.
+3. training/sharding/stage_layout.py's `PipelineLayout` is the stages' `Layout`: their files as one
+   process's, and the replicas of the stages (pipeline and data together) averaging a stage's
+   gradients among themselves.
+
+Ranks and stages: rank = replica x stages + stage, so a replica's stages are consecutive ranks and a
+stage's neighbours are rank - 1 and rank + 1, its ring neighbours.
 """
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +39,6 @@ from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
 from training.config import ConfigError
 from training.data.shares import ShareError, split
-from training.sharding.tensor_parallel import OneRank
 
 # The dtypes an activation may cross the link in, by a code the stages agree on once.
 WIRE_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
@@ -212,7 +213,7 @@ def agree_on_wires(stage: StageModel, group: Any) -> tuple[Wire | None, Wire | N
     tells the next stage its output's width and dtype."""
     incoming = None
     if not stage.first:
-        code = mx.distributed.recv((2,), mx.int32, stage.stage - 1, group=group, stream=mx.cpu)
+        code = mx.distributed.recv((2,), mx.int32, group.rank() - 1, group=group, stream=mx.cpu)
         width, dtype = code.tolist()
         incoming = Wire(width, WIRE_DTYPES[dtype])
     outgoing = None
@@ -225,7 +226,7 @@ def agree_on_wires(stage: StageModel, group: Any) -> tuple[Wire | None, Wire | N
                               "float32, float16 or bfloat16 ones")
         outgoing = Wire(out.shape[-1], out.dtype)
         code = mx.array([outgoing.width, WIRE_DTYPES.index(out.dtype)], dtype=mx.int32)
-        mx.eval(mx.distributed.send(code, stage.stage + 1, group=group, stream=mx.cpu))
+        mx.eval(mx.distributed.send(code, group.rank() + 1, group=group, stream=mx.cpu))
     return incoming, outgoing
 
 
@@ -273,7 +274,7 @@ class PipelineStep:
         """The stage before's activations for these token rows (None on the first stage)."""
         if self.stage.first:
             return None
-        return self._recv(self.incoming.shape(inputs), self.incoming, self.stage.stage - 1)
+        return self._recv(self.incoming.shape(inputs), self.incoming, self.group.rank() - 1)
 
     def _send(self, value: mx.array, destination: int) -> None:
         mx.eval(mx.distributed.send(value, destination, group=self.group, stream=mx.cpu))
@@ -283,15 +284,16 @@ class PipelineStep:
         return [(inputs[a:b], targets[a:b], lengths[a:b]) for a, b in micro_rows(batch.shape[0], self.micro)]
 
     def _counted(self, total: mx.array, tokens: mx.array) -> tuple[mx.array, mx.array]:
-        """The batch's loss and tokens as mlx-lm's trainer sums them over every rank: the last stage's
-        counted once (times the stages, since the trainer divides by them), none on the others."""
+        """The batch's loss and tokens as mlx-lm's trainer sums them over every rank and divides by
+        them: each replica's last stage counts its share of the batch (times the stages, one
+        replica's ranks), the others nothing."""
         if self.stage.last:
-            return total * self.group.size(), tokens
+            return total * self.stage.stages, tokens
         return mx.array(0.0), mx.array(0)
 
     def loss_and_gradients(self, model: nn.Module, batch: mx.array, lengths: mx.array,
                            scale: mx.array) -> tuple[tuple[mx.array, mx.array], Any]:
-        stage, here = self.stage, self.stage.stage
+        stage, here = self.stage, self.group.rank()
         parts = self._inputs(batch, lengths)
         received: list[mx.array | None] = []
         # The random key each micro-batch's forward starts from: its recomputation draws the same
@@ -339,7 +341,7 @@ class PipelineStep:
     def loss(self, model: nn.Module, batch: mx.array, lengths: mx.array,
              scale: mx.array) -> tuple[mx.array, mx.array]:
         """A batch's loss (validation): forward through the stages; the last stage's counted."""
-        stage, here = self.stage, self.stage.stage
+        stage, here = self.stage, self.group.rank()
         total, tokens = mx.array(0.0), mx.array(0)
         for inputs, targets, part_lengths in self._inputs(batch, lengths):
             incoming = self._received(inputs)
@@ -385,86 +387,3 @@ class TrainerNN:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(nn, name)
-
-
-# --- the stages' files as one process's ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PipelineLayout:
-    """How the trainable parameters lie across the stages (the `Layout` of tensor_parallel.py):
-    each stage holds its own layers' whole, under names that number them from 0."""
-
-    group: Any
-    stage: StageModel
-    parallel: str = "pipeline"
-
-    @property
-    def cross_entropy(self) -> Callable[[mx.array, mx.array], mx.array]:
-        return nn.losses.cross_entropy
-
-    @property
-    def tensor(self) -> bool:
-        return False
-
-    @property
-    def split_parameters(self) -> bool:
-        """Whether joining the ranks' parameters is a collective (every rank takes part)."""
-        return True
-
-    @property
-    def data_group(self) -> Any:
-        """The ranks that split each batch: none, every stage sees the whole batch."""
-        return OneRank()
-
-    @property
-    def counts_tokens(self) -> bool:
-        return self.stage.last
-
-    def cut(self, name: str) -> None:
-        return None
-
-    def whole(self, arrays: Mapping[str, mx.array]) -> dict[str, mx.array]:
-        """Every stage's arrays joined under one process's names, on every rank: first the names, shapes
-        and holders of all of them (one gather), then each array one stage holds summed among zeros
-        on the others; what every stage holds alike (an optimizer's step) passes as it is."""
-        mine = {self.stage.global_name(name): value for name, value in arrays.items()}
-        catalogue = self._catalogue(mine)
-        out = {}
-        for name in sorted(catalogue):
-            shape, dtype, holders = catalogue[name]
-            if holders == self.group.size():
-                out[name] = mine[name]
-                continue
-            value = mine.get(name)
-            part = value if value is not None else mx.zeros(shape, dtype=dtype)
-            out[name] = mx.distributed.all_sum(part, group=self.group, stream=mx.cpu)
-            mx.eval(out[name])
-        return out
-
-    def _catalogue(self, mine: Mapping[str, mx.array]) -> dict[str, tuple[tuple[int, ...], Any, int]]:
-        """Every rank's names with their shape, dtype and how many ranks hold them."""
-        listed = json.dumps({name: [list(value.shape), str(value.dtype).rpartition(".")[2]]
-                             for name, value in mine.items()}).encode()
-        sizes = mx.distributed.all_gather(mx.array([len(listed)]), group=self.group, stream=mx.cpu).tolist()
-        padded = mx.array(list(listed.ljust(max(sizes))), dtype=mx.uint8)[None]
-        gathered = mx.distributed.all_gather(padded, group=self.group, stream=mx.cpu)
-        catalogue: dict[str, tuple[tuple[int, ...], Any, int]] = {}
-        for row, size in zip(gathered.tolist(), sizes, strict=True):
-            for name, (shape, dtype) in json.loads(bytes(row[:size])).items():
-                held = catalogue.get(name)
-                catalogue[name] = (tuple(shape), getattr(mx, dtype), (held[2] if held else 0) + 1)
-        return catalogue
-
-    def shard(self, arrays: Mapping[str, mx.array]) -> dict[str, mx.array]:
-        """This stage's part of one process's arrays, under this stage's names."""
-        out = {}
-        for name, value in arrays.items():
-            local = self.stage.local_name(name)
-            if local is not None:
-                out[local] = value
-        return out
-
-    def replicated(self, model: nn.Module) -> dict[str, mx.array]:
-        """The trainable parameters held alike on every rank: none, each stage holds its own."""
-        return {}

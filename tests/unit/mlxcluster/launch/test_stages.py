@@ -25,11 +25,13 @@ GB = 2**30
 PIPELINE = settings.read(None, ["--parallel", "pipeline"])
 
 
-def layout(slots: dict[str, int], by_hand: dict[str, int] | None = None) -> Cluster:
-    """The lab's nodes node1.. with these slots (and pipeline_layers set by hand), in rank order."""
+def layout(slots: dict[str, int], by_hand: dict[str, int] | None = None,
+           shares: dict[str, int] | None = None) -> Cluster:
+    """The lab's nodes node1.. with these slots (and pipeline_layers and batch_share set by hand), in
+    rank order."""
     first = lab_layout()["nodes"][0]
     nodes = [{**first, "name": name, "thunderbolt_ip": f"10.78.5.1{i}", "slots": count,
-              "pipeline_layers": (by_hand or {}).get(name, 0),
+              "pipeline_layers": (by_hand or {}).get(name, 0), "batch_share": (shares or {}).get(name),
               "connection": {**first["connection"], "host": f"10.77.5.1{i}"}}
              for i, (name, count) in enumerate(slots.items(), start=1)]
     return Cluster.from_json({"launcher": "node1", "nodes": nodes})
@@ -105,11 +107,46 @@ def test_the_inventory_s_pipeline_layers_are_kept_and_the_rest_sized_by_memory()
                          "node3 64 GB")
     everywhere = layout({"node1": 2, "node2": 1}, {"node1": 12, "node2": 6})
     assert counts(everywhere, None) == (12, 12, 6)
-    with pytest.raises(UserError, match=r"\(node1 12, node2 7, per rank\) leaves -1 of the model's 30 "
+    with pytest.raises(UserError, match=r"\(node1 12, node2 7, per stage\) leaves -1 of the model's 30 "
                                         r"layers: make them add up to 30"):
         stages.for_run(layout({"node1": 2, "node2": 1}, {"node1": 12, "node2": 7}), PIPELINE, THIRTY, None)
-    with pytest.raises(UserError, match="leave at least one layer to each of the 2 other ranks"):
+    with pytest.raises(UserError, match="leave at least one layer to each of the 2 other stages"):
         stages.for_run(layout(THREE, {"node1": 29}), PIPELINE, THIRTY, MAC_STUDIOS)
+
+
+FOUR = {"node1": 1, "node2": 1, "node3": 1, "node4": 1}
+TWO_BY_TWO = settings.read(None, ["--parallel", "pipeline", "--pipeline-stages", "2"])
+
+
+def test_replicas_of_the_stages_size_each_stage_by_its_smallest_replica():
+    # Ranks 0-1 and 2-3 are the replicas; stage 0 is on node1 and node3, stage 1 on node2 and node4.
+    memory = {"node1": 192 * GB, "node2": 64 * GB, "node3": 96 * GB, "node4": 64 * GB}
+    sized = stages.for_run(layout(FOUR), TWO_BY_TWO, THIRTY, memory)
+    assert sized is not None and sized.counts == (18, 12)  # 96 against 64
+    assert sized.args == ["--pipeline-layers", "18,12"]
+    assert sized.why.endswith("; 2 replicas of the stages, each stage as its smallest replica")
+    unknown = stages.for_run(layout(FOUR), TWO_BY_TWO, THIRTY, {**memory, "node4": None})
+    assert unknown is not None and unknown.counts == (15, 15)
+    # A resumed run keeps its two stages; the inventory's numbers hold a stage in every replica.
+    kept = stages.for_run(layout(FOUR), TWO_BY_TWO, THIRTY, memory, recorded=[20, 10])
+    assert kept is not None and kept.counts == (20, 10)
+    by_hand = stages.for_run(layout(FOUR, {"node1": 20, "node3": 20}), TWO_BY_TWO, THIRTY, memory)
+    assert by_hand is not None and by_hand.counts == (20, 10)
+    with pytest.raises(UserError, match=r"differs between the replicas of stage 0 \(node1 20, node3 22\)"):
+        stages.for_run(layout(FOUR, {"node1": 20, "node3": 22}), TWO_BY_TWO, THIRTY, memory)
+
+
+def test_replicas_of_the_stages_share_the_batch_as_their_slowest_ranks():
+    from mlxcluster.launch import batch_shares
+
+    eight = settings.read(None, ["--parallel", "pipeline", "--pipeline-stages", "2", "--batch-size", "8"])
+    # Replica 0 (node1 3, node2 1) is as slow as replica 1 (1 and 1): equal shares, none passed.
+    assert batch_shares.for_run(layout(FOUR, shares={"node1": 3, "node2": 1, "node3": 1, "node4": 1}),
+                                eight, None) is None
+    found = batch_shares.for_run(layout(FOUR, shares={"node1": 3, "node2": 3, "node3": 1, "node4": 1}),
+                                 eight, None)
+    assert found is not None and found.shares == [6, 2] and found.args == ["--batch-shares", "6,2"]
+    assert "each replica of the stages as its slowest rank" in found.why
 
 
 @pytest.mark.parametrize(("value", "ok"), [(6, True), ("6", True), (0, False), (-2, False), (1.5, False),

@@ -5,6 +5,7 @@ QLoRA on a packed 4-bit base; then the rules that cut the layers and the batch, 
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -22,11 +23,20 @@ from training.sharding.pipeline import micro_rows, stage_layers
 LAYERS = 5
 
 
-def pipeline_run(root: Path, out: str, stages: int, *extra: str) -> str:
-    args = training_args(root / "model", root / "data", root / out, "--expected-world-size", str(stages),
+def mpi_launch(ranks: int) -> list[str]:
+    """`ranks` local ranks under Open MPI (MLX's mpi backend), as the cluster's nodes run them, in
+    this test process's environment as Python holds it: a one-process run in it made it an MPI
+    singleton, whose variables (set behind Python's back) would make mpirun exit 1 without a word."""
+    environment = {**os.environ, "MLX_MPI_LIBNAME": "libmpi.so.40"}
+    return ["env", "-i", *(f"{name}={value}" for name, value in environment.items()), "mpirun",
+            "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(ranks)]
+
+
+def pipeline_run(root: Path, out: str, ranks: int, *extra: str, launch: list[str] | None = None) -> str:
+    args = training_args(root / "model", root / "data", root / out, "--expected-world-size", str(ranks),
                          "--parallel", "pipeline", *extra)
-    result = run_launcher([*rings.launch(stages), sys.executable, "-m", "training.finetune", *args],
-                          timeout=300)
+    launcher = launch or rings.launch(ranks)
+    result = run_launcher([*launcher, sys.executable, "-m", "training.finetune", *args], timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result.stdout
 
@@ -84,6 +94,22 @@ def test_full_fine_tuning_with_muon_on_two_stages_trains_one_process_s_weights(f
     assert_one_process(root, "full-single", "full-two")
 
 
+def test_two_stages_times_two_replicas_with_shares_train_one_process_s_lora(five_layers: Path):
+    # Pipeline and data together: ranks 0-1 and 2-3 each run the stages (2 and 3 layers) on their
+    # share of every batch (3 and 1 examples); a stage's replicas average its gradients
+    # (training.sharding.stage_layout; on the ring backend, stage by stage over every rank).
+    root = five_layers
+    out = pipeline_run(root, "two-by-two", 4, "--pipeline-stages", "2", "--pipeline-layers", "2,3",
+                       "--batch-shares", "3,1")
+    assert "done: 10 iterations on 4 ranks" in out
+    assert_one_process(root, "single", "two-by-two")
+    # Under MPI the replicas of a stage average in a group of their own (MPI splits the run's), let
+    # go of before MPI finalizes (or the finished run would abort at exit): the same adapters.
+    pipeline_run(root, "two-by-two-mpi", 4, "--pipeline-stages", "2", "--pipeline-layers", "2,3",
+                 "--batch-shares", "3,1", launch=mpi_launch(4))
+    assert_one_process(root, "single", "two-by-two-mpi")
+
+
 def test_two_uneven_stages_train_one_process_s_qlora_on_the_packed_4_bit_base(tmp_path: Path):
     root = uneven_inputs(tmp_path, quantized=True, num_hidden_layers=4)
     single_run(root, "single")
@@ -118,8 +144,15 @@ def test_a_batch_is_cut_into_micro_batches_of_whole_rows_none_empty():
     ({"pipeline_layers": "2,3"}, 3, "pipeline_layers 2,3: give 3 whole numbers"),
     ({"pipeline_layers": "2,x"}, 2, "pipeline_layers 2,x: give 2 whole numbers"),
     ({"pipeline_micro_batches": 8}, 2, "pipeline_micro_batches 8 is more than the 4 examples"),
-    ({"batch_shares": "3,1"}, 2, "batch_shares with parallel pipeline: not yet"),
-], ids=["one-rank", "layers-count", "layers-word", "micro-batches", "shares"])
+    ({"max_micro_batch": "2"}, 2, "max_micro_batch with parallel pipeline: not yet"),
+    ({"pipeline_stages": 3}, 4, "pipeline_stages 3 does not divide the 4 ranks into replicas of the stages: "
+                                "use one of 2, 4"),
+    ({"pipeline_stages": 1}, 4, "pipeline_stages must be 0 (one stage per rank) or at least 2, got 1"),
+    ({"pipeline_stages": 2, "pipeline_layers": "1,1,1"}, 4, "pipeline_layers 1,1,1: give 2 whole numbers"),
+    ({"pipeline_stages": 2, "batch_shares": "3,1"}, 2,
+     "batch_shares '3,1' gives 2 replicas a value, but the run has 1: give one per replica"),
+], ids=["one-rank", "layers-count", "layers-word", "micro-batches", "micro-cap", "stages-divide",
+        "one-stage", "stages-layers", "shares-one-replica"])
 def test_what_a_pipeline_cannot_take_is_refused_saying_what_would_work(settings, ranks, said):
     config = FinetuneConfig(model="m", data="d", parallel="pipeline", batch_size=4, **settings)
     assert any(said in problem for problem in config_problems(config, ranks)), config_problems(config, ranks)
@@ -142,9 +175,14 @@ def test_the_controller_refuses_a_pipeline_run_before_syncing_anything(tmp_path:
     assert parallel.problems(two, tmp_path, "pipeline") == []  # type: ignore[arg-type]
     with pytest.raises(UserError) as refused:
         parallel.check(three, tmp_path, "pipeline")  # type: ignore[arg-type]
-    assert str(refused.value) == ("cannot train with --parallel pipeline:\n  --parallel pipeline on 3 "
-                                  f"ranks: {tmp_path} has 2 layers, and each stage holds at least one; train "
-                                  "on at most 2 ranks")
+    assert str(refused.value) == ("cannot train with --parallel pipeline:\n  --parallel pipeline in 3 "
+                                  f"stages: {tmp_path} has 2 layers, and each stage holds at least one; use "
+                                  "at most 2 stages (pipeline_stages)")
+    # Pipeline and data: 2 stages of 2 layers on 4 ranks fit.
+    assert parallel.problems(SimpleNamespace(world_size=4), tmp_path, "pipeline", stages=2) == []  # type: ignore[arg-type]
     assert parallel.flags("pipeline") == ["--parallel", "pipeline"]
     said = parallel.line(two, "pipeline")  # type: ignore[arg-type]
     assert said is not None and said.startswith("pipeline parallel: each of the 2 ranks holds a stage")
+    said = parallel.line(SimpleNamespace(world_size=6), "pipeline", 3)  # type: ignore[arg-type]
+    assert said is not None and said.startswith("pipeline and data parallel: 2 replicas of 3 stages of "
+                                                 "whole layers (ranks 0-2, 3-5)")
