@@ -159,8 +159,8 @@ def run(c, inventory=None, interface=None, ship=None, backend=None, dry_run=Fals
     "inventory", "threads", "dry_run",
     run="A run id (or folder) whose adapters to serve; again for more (default: the latest finished run)",
     model="Base model directory on the controller (default: the runs' own)",
-    parallel="tensor (the base sharded across every node) or single (one process on the launcher); "
-             "default: tensor if a run trained so, else single",
+    parallel="tensor (the base sharded across every node), pipeline (a stage of whole layers per rank) "
+             "or single (one process on the launcher); default: as a run trained, else single",
     host=flags.Flag("Address the server listens on, on the launcher (default {default}, reached from here "
                     "through an ssh tunnel; another one of the launcher's, or 0.0.0.0, needs "
                     "--api-key-file)", serving.Options.host, flags.address),

@@ -1,8 +1,9 @@
 """`invoke serve`: what was trained, behind an OpenAI-compatible API, across the cluster.
 
 The base model is loaded on the training nodes as the runs trained it: sharded across every rank
-(`--parallel tensor`, the only way to serve a model no node holds alone), or whole in one process
-on the launcher (a data-parallel run's model fits a node). Every run given (`--run`, again for
+(`--parallel tensor`) or a stage of whole layers on each (`--parallel pipeline`, in the stages the
+run recorded when the ranks are as many), the ways to serve a model no node holds alone; or whole
+in one process on the launcher (a data-parallel run's model fits a node). Every run given (`--run`, again for
 more) is an adapter over that one base, picked by a request's `model` field under its run id; the
 base answers under its folder's name. The nodes get the code, the model and each run's two adapter
 files (nothing else of the run), then every rank starts `python -m training.serve`
@@ -28,11 +29,13 @@ from pathlib import Path
 from mlxcluster.check import doctor, room
 from mlxcluster.describe.cluster import Cluster, Node, Recorded
 from mlxcluster.errors import Interrupted, UserError
-from mlxcluster.launch import builder, parallel, relay, remote, runs, shipment, sync
+from mlxcluster.launch import builder, parallel, quantized, relay, remote, runs, shipment, stages, sync
 from mlxcluster.provision import inputs
+from training.data import shares
 from training.serve import READY, front
 
-MODES = ("tensor", "single")
+MODES = ("tensor", "pipeline", "single")
+SPREAD = ("tensor", "pipeline")  # the modes that serve on every training node
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 EVERY_ADDRESS = ("0.0.0.0", "::")
 # Run on the launcher: whether it holds the address (a bind to it fails with EADDRNOTAVAIL if not).
@@ -61,7 +64,7 @@ class Options:
 
     runs: tuple[str, ...] = ()  # run ids or folders (none: the latest finished run)
     model: str | None = None  # the base (default: the runs' own)
-    parallel: str | None = None  # tensor or single (default: tensor if a run trained so)
+    parallel: str | None = None  # tensor, pipeline or single (default: as a run trained)
     host: str = "127.0.0.1"  # where rank 0 listens on the launcher
     port: int = 8080
     api_key_file: str | None = None
@@ -78,7 +81,7 @@ class Served:
 
     runs: tuple[Path, ...]
     model: Path
-    mode: str  # tensor or single
+    mode: str  # tensor, pipeline or single
 
 
 def runs_of(given: Sequence[str]) -> list[Path]:
@@ -100,21 +103,46 @@ def served(options: Options) -> Served:
         listed = "; ".join(f"{name}: {base}" for name, base in bases.items())
         raise UserError(f"the runs were trained on different base models ({listed}): serve the runs of "
                         "one base at a time, or pass --model to serve them all over one")
-    if options.parallel == "pipeline":
-        raise UserError("--parallel pipeline is not served: mlx-lm's pipeline stages cannot hold "
-                        "adapters; --parallel tensor splits a model no node holds across the nodes")
     if options.parallel not in (None, *MODES):
-        raise UserError(f"--parallel must be {' or '.join(MODES)}, not {options.parallel!r}")
-    # A run trained tensor-parallel may be of a model no node holds: then all are served sharded.
-    # A folder of adapters alone (no run.json, --model given) was not trained here.
-    trained = {runs.read_info(run).get("parallel") for run in run_dirs if (run / "run.json").is_file()}
-    mode = options.parallel or ("tensor" if "tensor" in trained else "single")
+        raise UserError(f"--parallel must be {', '.join(MODES[:-1])} or {MODES[-1]}, "
+                        f"not {options.parallel!r}")
+    mode = options.parallel or default_mode(run_dirs)
     for run in run_dirs:
         if _fine_tune_type(run) == "full":
             raise UserError(f"run {run.name} trained the whole model (fine_tune_type full), not an adapter: "
                             f"make it a model folder (mlx_lm fuse --model <base> --adapter-path {run}) "
                             "and serve that with --model")
     return Served(tuple(run_dirs), next(iter(bases.values())), mode)
+
+
+def default_mode(run_dirs: Sequence[Path]) -> str:
+    """How runs are served when --parallel does not say: as they trained. A run trained tensor- or
+    pipeline-parallel may be of a model no node holds: then all are served across the nodes, sharded
+    if any trained so, else in stages. A folder of adapters alone (no run.json, --model given) was
+    not trained here."""
+    trained = {runs.read_info(run).get("parallel") for run in run_dirs if (run / "run.json").is_file()}
+    return next((mode for mode in SPREAD if mode in trained), "single")
+
+
+def stage_layers(run_dirs: Sequence[Path], model: Path, ranks: int) -> tuple[tuple[int, ...] | None, str]:
+    """Each rank's layers when served in pipeline stages on `ranks` ranks, and where they come from:
+    a run's recorded stages (run.json's pipeline_layers) on as many ranks, else as equal as can be
+    (None: the model's layers are not known here; the ranks split them equally). A UserError when
+    the model has fewer layers than the ranks."""
+    layers = stages.layer_count(quantized.model_config(model))
+    if layers is not None and ranks > layers:
+        raise UserError(f"--parallel pipeline on {ranks} ranks: {model} has {layers} layers, and each stage "
+                        f"holds at least one; serve it with --parallel single or tensor, or on an inventory "
+                        f"of at most {layers} ranks")
+    for run in run_dirs:
+        recorded = runs.read_info(run).get("pipeline_layers") if (run / "run.json").is_file() else None
+        fits = isinstance(recorded, list) and len(recorded) == ranks and all(
+            isinstance(count, int) and count >= 1 for count in recorded)
+        if fits and (layers is None or sum(recorded) == layers):
+            return tuple(recorded), f"as run {run.name} trained them"
+    if layers is None:
+        return None, "as equal as can be"
+    return tuple(shares.split(layers, [1.0] * ranks)), "as equal as can be"
 
 
 def _fine_tune_type(run: Path) -> str:
@@ -126,7 +154,7 @@ class Plan:
     """One server, whole: where it runs, what is sent, the launch and the tunnel."""
 
     model: Path  # the base, on the controller
-    mode: str  # tensor or single
+    mode: str  # tensor, pipeline or single
     cluster: Cluster  # the ranks that serve: every training node, or the launcher alone
     steps: list[sync.Step]
     launch: list[str]
@@ -135,10 +163,11 @@ class Plan:
     port: int
     notices: tuple[str, ...]
     marker: str  # what names the server's processes on the launcher
+    stages: tuple[int, ...] | None = None  # each rank's layers in pipeline mode (None: not, or equal)
 
 
 def layout(rec: Recorded, mode: str) -> Cluster:
-    return rec.cluster if mode == "tensor" else rec.cluster.only(rec.cluster.head)
+    return rec.cluster if mode in SPREAD else rec.cluster.only(rec.cluster.head)
 
 
 def plan(rec: Recorded, options: Options, serve_id: str) -> Plan:
@@ -147,6 +176,8 @@ def plan(rec: Recorded, options: Options, serve_id: str) -> Plan:
     cluster = layout(rec, what.mode)
     if what.mode == "tensor":
         parallel.check(cluster, what.model, "tensor")
+    counts, whence = (stage_layers(what.runs, what.model, cluster.world_size) if what.mode == "pipeline"
+                      else (None, ""))
     head = cluster.head
     placed_model, steps = code_and_model(rec, cluster, what.model)
     marker = f"serve-{serve_id}"
@@ -175,19 +206,37 @@ def plan(rec: Recorded, options: Options, serve_id: str) -> Plan:
                *flags, "--host", options.host, "--port", str(options.port),
                "--max-tokens", str(options.max_tokens), "--expected-world-size", str(cluster.world_size),
                "--tag", marker, "--await-reason", str(AWAIT_REASON_SECONDS), *key_flags,
-               *([] if options.batch else ["--no-batch"])]
+               *([] if options.batch else ["--no-batch"]), *mode_flags(what.mode, counts)]
     choice = builder.choice_for(cluster, options.backend)
     job = builder.Job(program, backend=choice.backend, threads=options.threads, interactive=False,
                       mlx_envs=rec.mlx_envs)
     tunnel = tunnel_command(head, options.host, options.port)
     ranks = f"{cluster.world_size} rank{'s' if cluster.world_size > 1 else ''}"
-    how = "tensor-parallel across " + ", ".join(n.name for n in cluster.training_nodes) \
-        if what.mode == "tensor" else f"one process on {head.name}"
+    how = how_served(what.mode, cluster, counts, whence)
     notices = (f"base {what.model} ({how}, {ranks}); adapters: {', '.join(r.name for r in what.runs)}",
             *([f"listening on {options.host}: whoever reaches {head.name} on port {options.port} with the "
                "key can use the API"] if options.host not in LOOPBACK else []))
     return Plan(what.model, what.mode, cluster, steps, builder.command(cluster, job), tunnel,
-                f"http://{reached_at(head, options.host)}:{options.port}/v1", options.port, notices, marker)
+                f"http://{reached_at(head, options.host)}:{options.port}/v1", options.port, notices, marker,
+                counts)
+
+
+def mode_flags(mode: str, counts: Sequence[int] | None) -> list[str]:
+    """The serving ranks' flags for `mode` (with one rank, or sharded, they need none)."""
+    if mode != "pipeline":
+        return []
+    return ["--parallel", "pipeline", *(["--pipeline-layers", ",".join(map(str, counts))] if counts else [])]
+
+
+def how_served(mode: str, cluster: Cluster, counts: Sequence[int] | None, whence: str) -> str:
+    """The base's way of being served, in the words the console says it."""
+    nodes = ", ".join(n.name for n in cluster.training_nodes)
+    if mode == "tensor":
+        return f"tensor-parallel across {nodes}"
+    if mode == "pipeline":
+        layers = f" of {','.join(map(str, counts))} layers" if counts else ""
+        return f"in pipeline stages{layers} across {nodes}, {whence}"
+    return f"one process on {cluster.head.name}"
 
 
 def check_host(head: Node, host: str) -> None:
@@ -315,9 +364,9 @@ def serve(rec: Recorded, options: Options) -> None:
         return
     # The nodes' checks (of the cluster as provisioned: its hostfiles are the whole cluster's),
     # and memory for what each serving rank will hold, before anything is sent.
-    held = "tensor" if the_plan.mode == "tensor" else "data"
+    held = the_plan.mode if the_plan.mode in SPREAD else "data"
     check_host(the_plan.cluster.head, options.host)
     doctor.preflight(rec.cluster, room.for_run(the_plan.cluster, the_plan.model, parallel=held,
-                                               dequantize_ranks=()))
+                                               dequantize_ranks=(), stages=the_plan.stages))
     execute(the_plan)
 

@@ -25,6 +25,8 @@ from training.serve import READY
 from training.serve.adapters import AdapterError, parse
 from training.serve.model import BASE
 
+PARALLEL = ("tensor", "pipeline")
+
 
 def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m training.serve", description=__doc__,
@@ -41,6 +43,12 @@ def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="A file holding the API key every request must send")
     parser.add_argument("--max-tokens", type=int, default=512, help="Default max_tokens of a request")
     parser.add_argument("--expected-world-size", type=int, help="Ranks the launcher was asked for")
+    parser.add_argument("--parallel", choices=PARALLEL, default="tensor",
+                        help="How several ranks hold the base: tensor (each a shard of every layer, the "
+                             "default) or pipeline (each a stage of whole layers, in rank order)")
+    parser.add_argument("--pipeline-layers", type=layer_counts, metavar="A,B,...",
+                        help="With --parallel pipeline: each rank's layers, in rank order (default: as "
+                             "equal as can be)")
     parser.add_argument("--batch", action=argparse.BooleanOptionalAction, default=True,
                         help="Batch the requests as mlx_lm.server does, adapters mixed in a batch "
                              "(default), or "
@@ -52,6 +60,14 @@ def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
                              "which node went away (invoke serve says it; 0 by hand)")
     parser.add_argument("--log-level", default="WARNING")
     return parser.parse_args(argv)
+
+
+def layer_counts(text: str) -> list[int]:
+    """`--pipeline-layers 10,14,6` as numbers."""
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give whole numbers, one per rank: 10,14,6") from None
 
 
 def watch(generator: Any, grace: float = 2.0) -> None:
@@ -85,14 +101,19 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
     from training.distributed import DistributedError, init_distributed
     from training.serve import front, server
     from training.serve.model import load
+    from training.serve.stages import load_stage
     from training.sharding.tensor_parallel import check_collectives
 
     try:
         group = init_distributed(environ, args.expected_world_size)
         if group.size() > 1:
             check_collectives(group, environ)
-        served = load(args.model, adapters, group,
-                      tokenizer_config={"trust_remote_code": args.trust_remote_code})
+        tokenizer_config = {"trust_remote_code": args.trust_remote_code}
+        if args.parallel == "pipeline":
+            served = load_stage(args.model, adapters, group, counts=args.pipeline_layers,
+                                tokenizer_config=tokenizer_config)
+        else:
+            served = load(args.model, adapters, group, tokenizer_config=tokenizer_config)
     except (ConfigError, DistributedError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -128,7 +149,8 @@ def ready_line(args: argparse.Namespace, ranks: int, served: Any, base_name: str
     from training.serve import server
 
     sizes = ", ".join(f"{name} {size / 2**20:.1f} MB" for name, size in served.adapter_bytes.items())
-    return (f"{READY} http://{args.host}:{args.port}/v1 on {ranks} rank(s); "
+    stages = f" in pipeline stages of {','.join(map(str, served.stages))} layers" if served.stages else ""
+    return (f"{READY} http://{args.host}:{args.port}/v1 on {ranks} rank(s){stages}; "
             f"{server.names_line(base_name, list(served.sets), default if default != base_name else BASE)}"
             f"{'; adapters per rank: ' + sizes if sizes else ''}; base {served.base_weights}")
 

@@ -13,7 +13,7 @@ samples the same token.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +51,7 @@ class Served:
     bare: dict[str, nn.Module]  # every adapted layer's path -> its base layer
     sets: dict[str, dict[str, nn.Module]]  # adapter name -> path -> its layer around the base
     adapter_bytes: dict[str, int] = field(default_factory=dict)  # this rank's bytes of each adapter
+    stages: tuple[int, ...] = ()  # each pipeline stage's layers, in rank order (none: not in stages)
     current: str = BASE
 
     @property
@@ -70,7 +71,7 @@ class Served:
             self.current = label
 
 
-def _adapter_layers(model: nn.Module, adapter: Adapter) -> dict[str, LoRALinear | DoRALinear]:
+def adapter_layers(model: nn.Module, adapter: Adapter) -> dict[str, LoRALinear | DoRALinear]:
     """mlx-lm's LoRA (or DoRA) layers of `adapter` for the whole model, taken off it again."""
     check_num_layers(model, adapter.num_layers)
     linear_to_lora_layers(model, adapter.num_layers, adapter.lora_parameters,
@@ -80,21 +81,21 @@ def _adapter_layers(model: nn.Module, adapter: Adapter) -> dict[str, LoRALinear 
     return layers
 
 
-def _load_weights(served: Served, adapter: Adapter, group: Any, tensor: bool) -> None:
-    """The adapter's whole file into its layers (this rank's parts of them, when sharded)."""
+def load_weights(served: Served, adapter: Adapter, layout_of: Callable[[nn.Module], Any]) -> None:
+    """The adapter's whole file into its layers (this rank's parts of them, when sharded: the layout
+    `layout_of` gives for the model with the adapter's layers in it and trainable says which)."""
     served.use(adapter.name)
     model = served.model
     model.freeze()
     model.unfreeze(keys=["lora_a", "lora_b", *(["m"] if adapter.fine_tune_type == "dora" else [])],
                    strict=False)
-    layout = Layout.of("tensor" if tensor else "data", group, model)
     try:
-        resume_from(model, str(adapter.weights), layout)
+        resume_from(model, str(adapter.weights), layout_of(model))
     except ConfigError as error:
         raise ConfigError(f"adapter {adapter.name}: {error}".replace("resume_adapter_file: ", "")) from None
     model.freeze()
-    mx.eval(model.parameters())
     mine = served.sets[adapter.name]
+    mx.eval([layer.parameters() for layer in mine.values()])  # its layers': a stage reads no other weights
     served.adapter_bytes[adapter.name] = sum(
         array.nbytes for path, array in tree_flatten(model.parameters())
         if path.rpartition(".")[0] in mine and path.rpartition(".")[2] in ADAPTER_ARRAYS)
@@ -111,7 +112,7 @@ def load(model_path: str, adapters: Sequence[Adapter], group: Any, *,
     if tensor and (problems := shard_problems(config, group.size(), model_path, hasattr(model, "shard"))):
         raise ConfigError("cannot serve it with parallel: tensor:\n  " + "\n  ".join(problems))
     model.freeze()
-    whole = {adapter.name: _adapter_layers(model, adapter) for adapter in adapters}
+    whole = {adapter.name: adapter_layers(model, adapter) for adapter in adapters}
     held = shard_base(model, config, group) if tensor else {}
     layers = dict(model.named_modules())
     sets = {name: sharded_adapter(model, loras, group, held) if tensor else dict(loras)
@@ -123,11 +124,19 @@ def load(model_path: str, adapters: Sequence[Adapter], group: Any, *,
     served = Served(model, tokenizer, quantization.base_weights(config), bare, sets)
     for layer in model.layers:  # read, cut and let go of the weights a layer at a time
         mx.eval(layer.parameters())
+    mode = "tensor" if tensor else "data"
     for adapter in adapters:
-        _load_weights(served, adapter, group, tensor)
+        load_weights(served, adapter, lambda adapted: Layout.of(mode, group, adapted))
+    mx.eval(model.parameters())  # the rest of the base (embeddings, head) read now, not on the first request
+    return ready(served)
+
+
+def ready(served: Served) -> Served:
+    """`served` answering with the base, without dropout: in the model now, and in every adapter's
+    layers, swapped in later."""
     served.use(BASE)
-    model.eval()  # no dropout: in the model now, and in every adapter's layers, swapped in later
-    for layers_of in sets.values():
+    served.model.eval()
+    for layers_of in served.sets.values():
         for layer in layers_of.values():
             layer.eval()
     return served

@@ -18,14 +18,24 @@ from tests.unit import fake_inputs
 from tests.unit.mlxcluster.jobs.test_train import lab_layout
 
 
-def run(root: Path, name: str, model: Path, parallel: str = "tensor", kind: str = "lora") -> Path:
+def run(root: Path, name: str, model: Path, parallel: str = "tensor", kind: str = "lora",
+        stages: list[int] | None = None) -> Path:
     """A finished run's folder as invoke train leaves it, as far as serving reads it."""
     folder = root / name
     folder.mkdir(parents=True)
     (folder / "adapters.safetensors").write_bytes(b"\0" * 8)
     (folder / "adapter_config.json").write_text(json.dumps(
         {"fine_tune_type": kind, "num_layers": 2, "lora_parameters": {"rank": 4}}))
-    (folder / "run.json").write_text(json.dumps({"model": str(model), "parallel": parallel}))
+    (folder / "run.json").write_text(json.dumps({"model": str(model), "parallel": parallel,
+                                                 "pipeline_layers": stages}))
+    return folder
+
+
+def layered_model(path: str, layers: int) -> Path:
+    """A model folder whose config says how many layers its body has."""
+    folder = fake_inputs.model(path)
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "num_hidden_layers": layers}))
+    fake_inputs.write_manifest(folder, source=path)
     return folder
 
 
@@ -130,9 +140,7 @@ def test_what_cannot_be_served_is_refused_with_what_to_do(tmp_path: Path):
     mine = run(tmp_path, "20261125-106", tiny)
     with pytest.raises(UserError, match="trained on different base models"):
         plan(mine, run(tmp_path, "20261125-107", other))
-    with pytest.raises(UserError, match="pipeline is not served"):
-        plan(mine, parallel="pipeline")
-    with pytest.raises(UserError, match="must be tensor or single"):
+    with pytest.raises(UserError, match="must be tensor, pipeline or single"):
         plan(mine, parallel="sideways")
     with pytest.raises(UserError, match=r"fine_tune_type full.*mlx_lm fuse"):
         plan(run(tmp_path, "20261125-108", tiny, kind="full"))
@@ -144,3 +152,45 @@ def test_what_cannot_be_served_is_refused_with_what_to_do(tmp_path: Path):
         plan(mine, api_key_file=str(tmp_path / "missing"))
     # Several runs over one base, one given with --model: served over that base.
     assert plan(mine, run(tmp_path, "20261125-109", other), model=str(tiny)).cluster.world_size == 2
+
+
+def test_a_pipeline_run_is_served_in_its_recorded_stages_on_every_node(tmp_path: Path):
+    model = layered_model("/m/deep", 30)
+    the_plan = plan(run(tmp_path, "20261125-111", model, "pipeline", stages=[18, 12]))
+    assert the_plan.mode == "pipeline" and the_plan.cluster.world_size == 2 and the_plan.stages == (18, 12)
+    line = the_plan.launch[-1]
+    assert "mpirun" in line and "-np 2" in line
+    assert "--expected-world-size 2" in line and line.endswith("--parallel pipeline --pipeline-layers 18,12")
+    assert "in pipeline stages of 18,12 layers across node1, node2, as run 20261125-111 trained them" \
+        in the_plan.notices[0]
+    # Stages recorded for other ranks than the cluster serves with: as equal as can be.
+    other = plan(run(tmp_path, "20261125-112", model, "pipeline", stages=[10, 10, 10]))
+    assert other.stages == (15, 15) and other.launch[-1].endswith("--pipeline-layers 15,15")
+    assert "as equal as can be" in other.notices[0]
+    # Asked for, a data-parallel run is served in stages; a pipeline run by one process.
+    asked = plan(run(tmp_path, "20261125-113", model, "data"), parallel="pipeline")
+    assert asked.mode == "pipeline" and asked.stages == (15, 15)
+    single = plan(run(tmp_path, "20261125-114", model, "pipeline"), parallel="single")
+    assert single.cluster.world_size == 1 and "--parallel" not in single.launch[-1]
+
+
+def test_the_mode_is_as_the_runs_trained_tensor_first_then_pipeline_else_single(tmp_path: Path):
+    model = layered_model("/m/deep", 30)
+    tensor, pipeline, data = (run(tmp_path, f"20261125-12{i}", model, mode)
+                              for i, mode in enumerate(("tensor", "pipeline", "data")))
+    assert serve.default_mode([data, pipeline]) == "pipeline"
+    assert serve.default_mode([pipeline, tensor]) == "tensor"
+    assert serve.default_mode([data]) == "single"
+    assert plan(data, pipeline).mode == "pipeline" and plan(tensor, pipeline).mode == "tensor"
+    assert "--parallel" not in plan(tensor).launch[-1]
+
+
+def test_more_ranks_than_layers_is_refused_in_pipeline_mode_with_what_to_do(tmp_path: Path):
+    shallow = layered_model("/m/shallow", 1)
+    with pytest.raises(UserError, match=r"--parallel pipeline on 2 ranks: .*shallow has 1 layers, and each "
+                                        r"stage holds at least one; serve it with --parallel single or "
+                                        r"tensor, or on an inventory of at most 1 ranks"):
+        plan(run(tmp_path, "20261125-131", shallow, "pipeline"))
+    # A model whose layers are not said here: the ranks split them equally, and check them on load.
+    unknown = plan(run(tmp_path, "20261125-132", fake_inputs.model("/m/tiny"), "pipeline"))
+    assert unknown.stages is None and unknown.launch[-1].endswith("--parallel pipeline")
