@@ -198,8 +198,30 @@ def test_pipeline_stages_on_both_nodes_train_one_process_s_adapters_over_mpi(pro
         reference = one_process_run(run_dir, model_dir, data_dir, tmp_path / "one")
         difference = assert_trains_as_one_process(run_dir, reference)
         print(f"2 pipeline stages against 1 process: {difference:.3g}")
+        assert_served_in_its_stages(provisioned, model_dir, run_dir)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def assert_served_in_its_stages(cluster, model_dir: Path, run_dir: Path) -> None:
+    """`invoke serve` of a pipeline run: a rank on each node, each its recorded stage; the greedy
+    answer is stock mlx_lm generate's with the run's adapters."""
+    import openai
+
+    from tests.unit.training.serve.test_server import stock_answer
+
+    expected = stock_answer(model_dir, run_dir, "Ahoy?", 8)
+    with serving(cluster, "--run", run_dir.name) as server:
+        assert rank_pids(cluster, 1) and rank_pids(cluster, 2)
+        api = openai.OpenAI(base_url=f"http://127.0.0.1:{serve_port(cluster)}/v1", api_key="unused",
+                            max_retries=0, timeout=120)
+        asked = api.chat.completions.create(model=run_dir.name, max_tokens=8, temperature=0,
+                                            messages=[{"role": "user", "content": "Ahoy?"}])
+        assert asked.choices[0].message.content == expected.text
+        server.send_signal(signal.SIGTERM)
+        stdout, stderr = server.communicate(timeout=60)
+    assert server.returncode == 130, stderr[-2000:]
+    wait_until_gone(serve_pids, cluster, (1, 2))
 
 
 def test_two_nodes_each_holding_packed_shards_of_a_4_bit_model_train_one_process_s_qlora(
