@@ -26,7 +26,7 @@ from mlxcluster.describe import drained
 from mlxcluster.describe.backends import RDMA_HOWTO
 from mlxcluster.describe.cluster import Cluster, Node, Recorded, hostfile_entries
 from mlxcluster.errors import UserError
-from mlxcluster.launch import builder, remote
+from mlxcluster.launch import builder, remote, stages
 from mlxcluster.launch import parallel as parallel_modes
 from mlxcluster.provision import inputs
 
@@ -462,8 +462,10 @@ def run(rec: Recorded, model: str | None, as_json: bool = False, parallel: str =
     parallel_modes.flags(parallel)  # refuses another word
     start = time.perf_counter()
     model_dir = Path(model) if model else inputs.checked_model(rec.cluster)
-    need = room.for_run(rec.cluster, model_dir, parallel=parallel)
-    checks = diagnose(rec.cluster, rec.rendered_hostfile, need)
+    gathered = gather(rec.cluster)
+    sized = stages.for_doctor(rec.cluster, model_dir, parallel, memory_of(gathered))
+    need = room.for_run(rec.cluster, model_dir, parallel=parallel, stages=sized)
+    checks = diagnose(rec.cluster, rec.rendered_hostfile, need, gathered=gathered)
     checks += left_out(drained.read(rec.build).values(), checks)
     report(checks, rec.cluster, time.perf_counter() - start, as_json=as_json)
 

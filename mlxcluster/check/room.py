@@ -229,14 +229,18 @@ def stage_shares(model: Weights, world: int, stages: Sequence[int] | None) -> li
 
 
 def need(cluster: Cluster, model: Weights, *, parallel: str = "data",
-         dequantize_ranks: Iterable[int] = (), stages: Sequence[int] | None = None) -> Need:
+         dequantize_ranks: Iterable[int] = (), stages: Sequence[int] | None = None,
+         stage_count: int | None = None) -> Need:
     """What a run with this model needs of each training node: each rank's weights (the whole
     model, 1/N of it under tensor parallelism, its stage's share under pipeline parallelism:
-    `stages`, the layers of each rank; float where the rank dequantizes), summed over the node's
-    ranks, times MEMORY_FACTOR."""
+    `stages`, the layers of each stage, of `stage_count` stages (default: one per rank; fewer:
+    rank r holds stage r mod stages, its replicas' ranks alike); float where the rank dequantizes),
+    summed over the node's ranks, times MEMORY_FACTOR."""
     world = max(cluster.world_size, 1)
     if parallel == "pipeline" and world > 1:
-        per_rank = stage_shares(model, world, stages)
+        count = len(stages) if stages else stage_count or world
+        per_stage = stage_shares(model, count, stages)
+        per_rank = [per_stage[rank % count] for rank in range(world)]
     elif parallel == "tensor" and world > 1:
         per_rank = [(1 / world, f"1/{world} of the model")] * world
     else:
@@ -258,14 +262,15 @@ def need(cluster: Cluster, model: Weights, *, parallel: str = "data",
 
 def for_run(cluster: Cluster, model_dir: Path, *, parallel: str = "data",
             dequantize_ranks: Iterable[int] | None = None,
-            stages: Sequence[int] | None = None) -> Need | None:
+            stages: Sequence[int] | None = None, stage_count: int | None = None) -> Need | None:
     """`need` for the model in `model_dir` (None: its size is not known here); the ranks that
     dequantize it are the inventory's (model_dequantize) unless the run's settings name them;
-    `stages`: a pipeline run's layers per rank (None: as equal as can be)."""
+    `stages`: a pipeline run's layers per stage (None: as equal as can be, over `stage_count`)."""
     if (found := weights(model_dir, by_layer=parallel == "pipeline")) is None:
         return None
     ranks = quantized.asked_ranks(cluster) if dequantize_ranks is None else dequantize_ranks
-    return need(cluster, found, parallel=parallel, dequantize_ranks=ranks, stages=stages)
+    return need(cluster, found, parallel=parallel, dequantize_ranks=ranks, stages=stages,
+                stage_count=stage_count)
 
 
 def free_memory(memory: Mapping[str, int | None]) -> int | None:

@@ -434,7 +434,8 @@ def preflight(the_plan: Plan, probed: Mapping[str, Any] | None = None) -> None:
     cluster, request, settings = the_plan.cluster, the_plan.request, the_plan.settings
     counts = pipeline_layer_counts(settings) if settings.parallel == "pipeline" else None
     doctor.preflight(cluster, room.for_run(cluster, request.model, parallel=request.parallel,
-                                           dequantize_ranks=the_plan.dequantize_ranks, stages=counts),
+                                           dequantize_ranks=the_plan.dequantize_ranks, stages=counts,
+                                           stage_count=pipeline_stage_count(settings, cluster.world_size)),
                      probed)
 
 

@@ -26,10 +26,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from mlxcluster.describe.cluster import Cluster, Node
 from mlxcluster.errors import UserError
+from mlxcluster.launch.quantized import model_config
 from training.config import FinetuneConfig
 from training.data import shares
 from training.parallel_rules import pipeline_stage_count
@@ -196,3 +198,14 @@ def for_run(cluster: Cluster, settings: FinetuneConfig, model_config: Mapping[st
     if kept := recorded_stages(recorded, count, layers):
         return Stages(kept, "as this run recorded them when it started")
     return sized(cluster, layers, memory, count)
+
+
+def for_doctor(cluster: Cluster, model_dir: Path, parallel: str,
+               memory: Mapping[str, int | None]) -> tuple[int, ...] | None:
+    """The stages `invoke train --parallel pipeline` would size from this free memory, for invoke
+    doctor's memory check (None: another mode, or the model's layers are not known or fewer than the
+    ranks: equal stages)."""
+    layers = layer_count(model_config(model_dir))
+    if parallel != "pipeline" or layers is None or not 2 <= cluster.world_size <= layers:
+        return None
+    return sized(cluster, layers, memory).counts

@@ -158,6 +158,20 @@ def test_without_the_layers_bytes_a_stage_needs_its_fraction_of_the_layers():
     assert stages.held["node2"] == "layer 6 of 6 on 1 rank"
 
 
+def test_replicas_of_the_stages_need_their_stage_s_share_wherever_their_ranks_are():
+    two_each = cluster()
+    four = dataclasses.replace(two_each, nodes=tuple(dataclasses.replace(n, slots=2) for n in two_each.nodes))
+    assert four.world_size == 4
+    # 2 stages of 4 and 2 layers: ranks 0 and 2 hold stage 0, ranks 1 and 3 stage 1; a node one of each.
+    replicas = room.need(four, Q4, parallel="pipeline", stages=[4, 2])
+    assert replicas.memory == {"node1": round(GIB * 1.5), "node2": round(GIB * 1.5)}
+    assert replicas.held["node1"] == "layers 1-4 of 6; layers 5-6 of 6 on 2 ranks"
+    # Two stages not sized yet, of a model whose layers are not known: about half of it each.
+    equal = room.need(four, Q4, parallel="pipeline", stage_count=2)
+    assert equal.held["node2"] == "a stage of about 1/2 of the layers on 2 ranks"
+    assert equal.memory == replicas.memory
+
+
 def test_stages_sized_from_the_memory_the_preflight_counts_pass_it_where_equal_ones_do_not():
     from mlxcluster.launch import stages
 

@@ -136,6 +136,13 @@ def test_replicas_of_the_stages_size_each_stage_by_its_smallest_replica():
         stages.for_run(layout(FOUR, {"node1": 20, "node3": 22}), TWO_BY_TWO, THIRTY, memory)
 
 
+def test_invoke_doctor_counts_the_stages_invoke_train_would_size(tmp_path: Path):
+    (tmp_path / "config.json").write_text(json.dumps(THIRTY))
+    assert stages.for_doctor(layout(THREE), tmp_path, "pipeline", MAC_STUDIOS) == (18, 6, 6)
+    assert stages.for_doctor(layout(THREE), tmp_path, "data", MAC_STUDIOS) is None
+    assert stages.for_doctor(layout(THREE), tmp_path / "unknown", "pipeline", MAC_STUDIOS) is None
+
+
 def test_replicas_of_the_stages_share_the_batch_as_their_slowest_ranks():
     from mlxcluster.launch import batch_shares
 
