@@ -51,7 +51,7 @@ def pipeline_problems(config: FinetuneConfig, world_size: int) -> list[str]:
     elif config.pipeline_micro_batches > config.batch_size >= 1:
         problems.append(f"pipeline_micro_batches {config.pipeline_micro_batches} is more than the "
                         f"{config.batch_size} examples of a batch; use at most {config.batch_size}")
-    problems += _stage_problems(config, world_size)
+    problems += stage_problems(config, world_size)
     for key in ("max_micro_batch", "dequantize_ranks"):
         if getattr(config, key) is not None:
             problems.append(f"{key} with parallel pipeline: not yet; every stage trains on its replica's "
@@ -60,7 +60,7 @@ def pipeline_problems(config: FinetuneConfig, world_size: int) -> list[str]:
     return problems
 
 
-def _stage_problems(config: FinetuneConfig, world_size: int) -> list[str]:
+def stage_problems(config: FinetuneConfig, world_size: int) -> list[str]:
     """pipeline_stages and pipeline_layers: whole numbers that agree with each other and the ranks."""
     stages = config.pipeline_stages
     if not isinstance(stages, int) or stages < 0 or stages == 1:
@@ -90,7 +90,7 @@ def pipeline_stage_count(config: FinetuneConfig, world_size: int) -> int:
         return config.pipeline_stages
     try:
         counts = pipeline_layer_counts(config)
-    except ValueError:  # a word: _stage_problems says so
+    except ValueError:  # a word: stage_problems says so
         return world_size
     return len(counts) if counts and len(counts) >= 2 and world_size % len(counts) == 0 else world_size
 

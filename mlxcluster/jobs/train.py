@@ -122,11 +122,12 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
     shares = batch_shares.for_run(cluster, request.settings, request.calibration)
     dequantizing = quantized.args(cluster, model_config, request.settings)
     sized = stages.for_run(cluster, request.settings, model_config, memory,
-                           recorded_stages(run_id) if resume else None)
+                           recorded_stages(run_id) if resume else None, resumed=resume)
     # The shares, stages and the ranks that dequantize go before the user's flags (theirs win); the
     # inputs at the nodes' paths after them.
-    overrides = [*(shares.args if shares else []), *(sized.args if sized else []), *dequantizing,
-                 *request.overrides, *sent.flags]
+    first, last = ([], sized.args) if sized and sized.refit else (sized.args if sized else [], [])
+    overrides = [*(shares.args if shares else []), *first, *dequantizing, *request.overrides, *last,
+                 *sent.flags]
     # The ranks' own rules, here: settings they would refuse stop the run before anything is sent.
     settings = run_settings.check(request.config, overrides, cluster.world_size)
     check_test_split(settings, sent.data)
@@ -413,7 +414,7 @@ def train(inventory: str, options: Options) -> Path | None:
     claimed = (contextlib.nullcontext(resume_run) if resume_run
                else runs.released_if_unstarted(runs.claim_id()))
     with claimed as run_id:
-        probed = probe_for_stages(layout, request)
+        probed = probe_for_stages(layout, request, resume=resume_run is not None)
         the_plan = plan(layout, request, run_id=run_id, resume=resume_run is not None,
                         inventory=rec.inventory, memory=doctor.memory_of(probed) if probed else None)
         preflight(the_plan, probed)
@@ -422,10 +423,12 @@ def train(inventory: str, options: Options) -> Path | None:
         lambda current, left, fault, restart: restarted(rec, current, left, fault, options, policy, restart))
 
 
-def probe_for_stages(cluster: Cluster, request: Request) -> dict[str, Any] | None:
+def probe_for_stages(cluster: Cluster, request: Request, resume: bool = False) -> dict[str, Any] | None:
     """The nodes' probes, before planning a run whose pipeline stages are sized from each node's
-    free memory (the preflight then judges the same probes; None: the plan needs none)."""
-    return doctor.gather(cluster) if stages.asks_memory(request.settings) else None
+    free memory, or may be (a resumed pipeline run's, set by hand, on fewer ranks: stages.refitted);
+    the preflight then judges the same probes (None: the plan needs none)."""
+    sizes = stages.asks_memory(request.settings) or (resume and request.settings.parallel == "pipeline")
+    return doctor.gather(cluster) if sizes else None
 
 
 def preflight(the_plan: Plan, probed: Mapping[str, Any] | None = None) -> None:
@@ -453,7 +456,7 @@ def restarted(rec: Recorded, current: Plan, left: Cluster, fault: faults.Fault, 
     # The backend as asked for (auto: the choice for the nodes left), not the one run.json recorded.
     request = request_for(rec, dataclasses.replace(again, backend=options.backend,
                                                    parallel="data" if alone else again.parallel), fetch=False)
-    probed = probe_for_stages(left, request)
+    probed = probe_for_stages(left, request, resume=True)
     the_plan = plan(left, request, run_id=current.run_id, resume=True, inventory=rec.inventory,
                     memory=doctor.memory_of(probed) if probed else None)
     entry = restarts.left_out(rec, current.run_id, fault.node, fault.cause, fault.why)

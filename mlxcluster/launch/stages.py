@@ -34,7 +34,7 @@ from mlxcluster.errors import UserError
 from mlxcluster.launch.quantized import model_config
 from training.config import FinetuneConfig
 from training.data import shares
-from training.parallel_rules import pipeline_stage_count
+from training.parallel_rules import pipeline_stage_count, stage_problems
 
 # Where a model's config.json says how many layers its body has: most mlx-lm architectures say
 # num_hidden_layers; gpt2 and its kin n_layer; a few n_layers or num_layers. A multimodal model
@@ -63,11 +63,15 @@ class Stages:
 
     counts: tuple[int, ...]
     why: str
+    # Sized again for a resumed run whose settings set stages the ranks left cannot hold: its flags
+    # then go after the user's own, and say how many stages too.
+    refit: bool = False
 
     @property
     def args(self) -> list[str]:
-        """The flag every rank gets (before the user's own, which win)."""
-        return ["--pipeline-layers", ",".join(map(str, self.counts))]
+        """The flags every rank gets (before the user's own, which win, unless refit)."""
+        stages = ["--pipeline-stages", str(len(self.counts))] if self.refit else []
+        return [*stages, "--pipeline-layers", ",".join(map(str, self.counts))]
 
     @property
     def line(self) -> str:
@@ -184,15 +188,21 @@ def recorded_stages(recorded: Any, stages: int, layers: int) -> tuple[int, ...] 
 
 
 def for_run(cluster: Cluster, settings: FinetuneConfig, model_config: Mapping[str, Any] | None,
-            memory: Mapping[str, int | None] | None, recorded: Any = None) -> Stages | None:
+            memory: Mapping[str, int | None] | None, recorded: Any = None,
+            resumed: bool = False) -> Stages | None:
     """The stages to give the ranks of this run (None: not a pipeline run, the settings set
     pipeline_layers themselves, or the model's layers are not known here, and the ranks split
     them equally by themselves). `memory`: each node's free memory (None: not asked, a dry run);
-    `recorded`: a resumed run's pipeline_layers from its run.json."""
-    if not asks_memory(settings) or cluster.world_size < 2:
+    `recorded`: a resumed run's pipeline_layers from its run.json; `resumed`: stages set by hand
+    that the ranks of a resumed run cannot hold (a Mac lost) are sized again (`refitted`)."""
+    if settings.parallel != "pipeline" or cluster.world_size < 2:
         return None
     layers = layer_count(model_config)
     if layers is None:
+        return None
+    if resumed and (refit := refitted(cluster, settings, layers, memory)):
+        return refit
+    if not asks_memory(settings):
         return None
     count = pipeline_stage_count(settings, cluster.world_size)
     if kept := recorded_stages(recorded, count, layers):
@@ -209,3 +219,24 @@ def for_doctor(cluster: Cluster, model_dir: Path, parallel: str,
     if parallel != "pipeline" or layers is None or not 2 <= cluster.world_size <= layers:
         return None
     return sized(cluster, layers, memory).counts
+
+
+def refitted(cluster: Cluster, settings: FinetuneConfig, layers: int,
+             memory: Mapping[str, int | None] | None) -> Stages | None:
+    """A resumed run's stages when those its settings set by hand (pipeline_layers, pipeline_stages)
+    do not fit the ranks it has now, as after a lost Mac: as many stages as pipeline_stages when it
+    still divides the ranks, else one a rank, sized from the nodes' memory and said so (None: they
+    fit). A checkpoint resumes in any stages, so the run goes on where it can."""
+    world = cluster.world_size
+    if not stage_problems(settings, world):
+        return None
+    given = settings.pipeline_stages
+    count = given if given and world % given == 0 else world
+    if count > layers:
+        raise UserError(f"the {world} ranks left cannot each hold a stage of the model's {layers} layers: "
+                        f"resume on at most {layers} ranks")
+    fresh = sized(cluster, layers, memory, count)
+    hand = ", ".join(f"{key} {getattr(settings, key)}" for key in ("pipeline_stages", "pipeline_layers")
+                     if getattr(settings, key))
+    return Stages(fresh.counts, f"{hand} set by hand do not fit the {world} ranks now: sized again, "
+                                f"{fresh.why}", refit=True)

@@ -5,6 +5,7 @@ recorded, and kept by a resumed run."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -231,6 +232,41 @@ def test_a_resume_keeps_the_run_s_stages_and_a_fault_re_sizes_them(tmp_path, mon
     # On the two nodes a fault left, they are sized again for them.
     left = training.plan(layout(THREE).without({"node3"}), request, run_id="r1", resume=True, memory=equal)
     assert left.settings.pipeline_layers == "15,15"
+
+
+def test_stages_set_by_hand_that_the_ranks_left_cannot_hold_are_sized_again_on_a_resume(tmp_path, monkeypatch):
+    monkeypatch.setattr(runs, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(runs, "REPO", tmp_path)
+    monkeypatch.setattr(training, "RUNS", tmp_path / "runs")
+    run = tmp_path / "runs" / "r2"
+    run.mkdir(parents=True)
+    runs.write_info(run, {"parallel": "pipeline", "pipeline_layers": [10, 12, 8]})
+    # The user's own stages, in the config and again in a flag (which a restart passes on).
+    (run / "config.yaml").write_text(yaml.safe_dump({"parallel": "pipeline", "batch_size": 8,
+                                                     "pipeline_layers": "10,12,8"}, sort_keys=False))
+    request = Request(fake_inputs.dataset("/d/p"), thirty_layer_model("/m/thirty"), runs.resume_config("r2"),
+                      ("--pipeline-layers", "10,12,8"), interactive=False)
+    # On as many ranks they stay as set.
+    same = training.plan(layout(THREE), request, run_id="r2", resume=True, memory=MAC_STUDIOS)
+    assert same.settings.pipeline_layers == "10,12,8" and same.pipeline_stages is None
+    # node3 lost: 3 numbers for 2 ranks would be refused; they are sized again, after the user's flag.
+    two = layout(THREE).without({"node3"})
+    left = training.plan(two, request, run_id="r2", resume=True, memory=MAC_STUDIOS)
+    assert left.settings.pipeline_layers == "23,7" and left.settings.pipeline_stages == 2
+    assert "--pipeline-layers 10,12,8 --pipeline-stages 2 --pipeline-layers 23,7" in left.launch[-1]
+    said = next(line for line in left.notices if line.startswith("pipeline stages 23,7"))
+    assert "pipeline_layers 10,12,8 set by hand do not fit the 2 ranks now: sized again" in said
+    # Pipeline and data, 2 stages on 4 ranks, one lost: 2 does not divide 3, one stage a rank.
+    four = layout({"node1": 1, "node2": 1, "node3": 1, "node4": 1})
+    replicas = Request(fake_inputs.dataset("/d/p"), thirty_layer_model("/m/thirty"), runs.resume_config("r2"),
+                       ("--pipeline-stages", "2", "--pipeline-layers", "15,15"), interactive=False)
+    three = training.plan(four.without({"node4"}), replicas, run_id="r2", resume=True,
+                          memory={n: 64 * GB for n in ("node1", "node2", "node3")})
+    assert (three.settings.pipeline_stages, three.settings.pipeline_layers) == (3, "10,10,10")
+    # A fresh run with stages that do not fit is refused, not re-sized: the user set them.
+    with pytest.raises(UserError, match="pipeline_layers 10,12,8: give 2 whole numbers"):
+        training.plan(two, dataclasses.replace(request, config=None, overrides=(
+            "--parallel", "pipeline", "--pipeline-layers", "10,12,8")), run_id="r3", memory=MAC_STUDIOS)
 
 
 def test_the_preflight_counts_the_stages_the_plan_gave_on_the_probes_that_sized_them(monkeypatch):
