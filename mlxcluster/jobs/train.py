@@ -137,6 +137,8 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
                             config=placed.config, resume=resume, world_size=cluster.world_size,
                             overrides=overrides)
     choice = builder.choice_for(cluster, request.backend)
+    if request.parallel == "pipeline":
+        choice = parallel.pipeline_backend(choice, request.backend)
     backend = choice.backend
     job = builder.Job(program, backend=backend, interface=request.interface,
                      btl_tcp_links=request.btl_tcp_links, threads=request.threads,

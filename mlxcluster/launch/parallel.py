@@ -8,7 +8,7 @@ rank a run of whole layers, in rank order (so each stage's neighbours are its ri
 sends the batch through them in micro-batches. Here the controller refuses, before anything is
 synced, the runs the nodes would refuse after loading: one rank, a model mlx-lm cannot shard, more
 ranks than key-value head groups when the ranks do not divide the model's attention heads, more
-stages than layers.
+stages than layers, a backend whose point-to-point a pipeline cannot trust.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from mlxcluster.describe.backends import Choice
 from mlxcluster.describe.cluster import Cluster
 from mlxcluster.errors import UserError, reason
 from mlxcluster.launch.stages import layer_count
@@ -82,6 +83,24 @@ def _model_config(model: Path, shape: Mapping[str, Any] | None) -> Mapping[str, 
     if not isinstance(config, dict):
         return f"{config_file} holds no model configuration: fetch the model again with invoke model.fetch"
     return config
+
+
+def pipeline_backend(choice: Choice, requested: str | None) -> Choice:
+    """The backend a pipeline run sends point to point over. JACCL's mesh delivers wrong data when
+    sends of different shapes follow each other without a barrier between them (mlx #3149), and a
+    pipeline's do (the wires' header, micro-batches, a shorter last one): on a full mesh of cables
+    `auto` takes jaccl-ring instead (a full mesh holds a ring, and a stage talks to its ring
+    neighbours only); asked for by name (--backend jaccl), it is refused, saying what would work."""
+    if choice.backend != "jaccl":
+        return choice
+    if requested == "jaccl":
+        raise UserError("--backend jaccl with --parallel pipeline: JACCL's mesh gives wrong data when "
+                        "sends of different shapes follow each other (mlx #3149), as a pipeline's do; "
+                        "use --backend jaccl-ring (the mesh's cables hold a ring, which is all a pipeline "
+                        "uses), or --backend auto, which takes it")
+    return Choice("jaccl-ring", f"{choice.why}; a pipeline sends point to point, which JACCL's mesh "
+                                "gets wrong for sends of different shapes (mlx #3149): jaccl-ring, over "
+                                "a ring of the mesh's cables")
 
 
 def check(cluster: Cluster, model: Path, mode: str, shape: Mapping[str, Any] | None = None,

@@ -186,3 +186,18 @@ def test_the_controller_refuses_a_pipeline_run_before_syncing_anything(tmp_path:
     said = parallel.line(SimpleNamespace(world_size=6), "pipeline", 3)  # type: ignore[arg-type]
     assert said is not None and said.startswith("pipeline and data parallel: 2 replicas of 3 stages of "
                                                  "whole layers (ranks 0-2, 3-5)")
+
+
+def test_a_pipeline_on_a_full_mesh_sends_over_jaccl_ring_not_jaccl_s_mesh():
+    # mlx #3149: JACCL's mesh gives wrong data for back-to-back sends of different shapes.
+    from mlxcluster.describe.backends import Choice
+    from mlxcluster.errors import UserError
+    from mlxcluster.launch import parallel
+
+    mesh = Choice("jaccl", "a cable joins every two nodes and every cabled port has RDMA")
+    taken = parallel.pipeline_backend(mesh, None)
+    assert taken.backend == "jaccl-ring" and "mlx #3149" in taken.why and taken.why.startswith(mesh.why)
+    with pytest.raises(UserError, match="use --backend jaccl-ring"):
+        parallel.pipeline_backend(mesh, "jaccl")
+    for other in ("jaccl-ring", "ring", "mpi"):
+        assert parallel.pipeline_backend(Choice(other, "why"), other) == Choice(other, "why")
