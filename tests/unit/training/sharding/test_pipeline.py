@@ -85,6 +85,12 @@ def test_three_uneven_stages_train_one_process_s_dora_with_adamw_in_micro_batche
     assert max_difference(root / "dora-three", root / "dora-resumed") < 1e-5
 
 
+def test_four_uneven_stages_train_one_process_s_lora(five_layers: Path):
+    # Two middle stages, which both receive and send each way; one of them two layers.
+    pipeline_run(five_layers, "four", 4, "--pipeline-layers", "1,2,1,1", "--pipeline-micro-batches", "2")
+    assert_one_process(five_layers, "single", "four")
+
+
 def test_full_fine_tuning_with_muon_on_two_stages_trains_one_process_s_weights(five_layers: Path):
     # Muon orthogonalizes each whole matrix, which a stage holds (tensor parallelism cannot).
     root = five_layers
