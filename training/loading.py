@@ -118,8 +118,11 @@ def load_stage(config: FinetuneConfig, group: Any) -> tuple[nn.Module, Any, str,
     trusted = config.trust_remote_code
     model, tokenizer, model_config = load(config.model, tokenizer_config={"trust_remote_code": trusted},
                                           trust_remote_code=trusted, return_config=True, lazy=True)
-    if problem := quantization.full_problem(model_config, config.fine_tune_type, group.size(), ()):
+    ranks = quantization.parse_ranks(config.dequantize_ranks)
+    if problem := quantization.full_problem(model_config, config.fine_tune_type, group.size(), ranks):
         raise ConfigError(problem)
+    # Still lazy: only this stage's layers (and edges) are dequantized when they are read below.
+    model, base_weights = quantization.dequantized_if_asked(model, model_config, group.rank(), ranks)
     tensor_parallel.check_num_layers(model, config.num_layers)
     mx.random.seed(config.seed)
     model.freeze()
@@ -133,7 +136,7 @@ def load_stage(config: FinetuneConfig, group: Any) -> tuple[nn.Module, Any, str,
     stage = pipeline.make_stage(model, group.rank() % stages, runs)
     mx.eval([layer.parameters() for layer in owner["layers"]])  # this stage's layers, read now
     layout = PipelineLayout(group, stage, stage_group(group, stage.stage, stages))
-    return model, tokenizer, quantization.base_weights(model_config), layout
+    return model, tokenizer, base_weights, layout
 
 
 def load_model_and_data(config: FinetuneConfig, group: Any) -> Loaded:

@@ -52,11 +52,9 @@ def pipeline_problems(config: FinetuneConfig, world_size: int) -> list[str]:
         problems.append(f"pipeline_micro_batches {config.pipeline_micro_batches} is more than the "
                         f"{config.batch_size} examples of a batch; use at most {config.batch_size}")
     problems += stage_problems(config, world_size)
-    for key in ("max_micro_batch", "dequantize_ranks"):
-        if getattr(config, key) is not None:
-            problems.append(f"{key} with parallel pipeline: not yet; every stage trains on its replica's "
-                            "whole share of the batch (set pipeline_micro_batches for memory) on the model "
-                            "as loaded")
+    if config.max_micro_batch is not None:
+        problems.append("max_micro_batch with parallel pipeline: every stage trains on its replica's whole "
+                        "share of the batch in pipeline_micro_batches micro-batches; set those for memory")
     return problems
 
 
