@@ -11,6 +11,7 @@ from mlxcluster.bench import calibrate as calibrate_bench
 from mlxcluster.bench import faults as faults_bench
 from mlxcluster.bench import links as links_bench
 from mlxcluster.bench import overhead as overhead_bench
+from mlxcluster.bench import pipeline as pipeline_bench
 from mlxcluster.bench import provision as provision_bench
 from mlxcluster.bench import rehearsal as rehearsal_bench
 from mlxcluster.bench import scaling as scaling_bench
@@ -127,6 +128,21 @@ def scaling(c, inventory=None, nodes=None, iters=None, batch_size=None, data=Non
     scaling_bench.run(recorded(inventory_of(c, inventory)), nodes=nodes, parallel=parallel, stock=bool(stock),
                       iters=iters, batch_size=batch_size, data=data, model=model, threads=threads,
                       extra=extra, output=output)
+
+
+@task(flags=Flags(
+    *TRAINING, iters=SHARED["iters"].with_default(20),
+    nodes="Node counts, comma-separated, each run in data, tensor and pipeline (default 2,3,4: those "
+          "there are)",
+    pipeline_stages=whole("Also pipeline and data together: this many stages, replicated on each count "
+                          "they divide (e.g. 2: 2 replicas of 2 stages on 4 nodes)")))
+def pipeline(c, inventory=None, nodes=None, pipeline_stages=None, iters=None, batch_size=None, data=None,
+             model=None, threads=None, extra="", output=None):
+    """Data, tensor and pipeline on the same model and batch, and one process: tokens/s, each rank's
+    peak, each stage's idle time against the bubble, each cable's bytes per step; aims judged."""
+    pipeline_bench.run(recorded(inventory_of(c, inventory)), nodes=nodes, pipeline_stages=pipeline_stages,
+                       iters=iters, batch_size=batch_size, data=data, model=model, threads=threads,
+                       extra=extra, output=output)
 
 
 @task(flags=Flags(*TRAINING))

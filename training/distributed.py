@@ -191,6 +191,7 @@ class RankChecks:
     rank_tokens: list[int]  # tokens each rank trained on, in rank order
     peak_memory_gb: list[float]  # each rank's peak memory, in rank order
     base_weights: list[str] = field(default_factory=list)  # each rank's, in rank order (quantized or not)
+    pipeline: list[dict[str, Any]] | None = None  # each stage's PipelineStep.counters, in rank order
 
 
 def per_rank(value: float, group: Any) -> list[float]:
@@ -213,12 +214,14 @@ def per_rank_text(text: str, group: Any) -> list[str]:
 
 
 def check_ranks(
-    model: nn.Module, group: Any, trained_tokens: int, layout: Any, base_weights: str = "float"
+    model: nn.Module, group: Any, trained_tokens: int, layout: Any, base_weights: str = "float",
+    pipeline_counters: Mapping[str, Any] | None = None,
 ) -> RankChecks:
     """Compare the ranks after training: collectives, called by every rank in the same order.
     `trained_tokens`: the tokens this rank trained on. `layout` (training/sharding/tensor_parallel.py): which
     weights every rank holds whole, and the ranks that average gradients. `base_weights`: this rank's
-    (training/model/quantization.py), gathered for the summary."""
+    (training/model/quantization.py), gathered for the summary, as `pipeline_counters` are (a
+    pipeline's: every rank has them, or none)."""
     # Every rank must end with the same replicated LoRA weights (mlx-lm averages the gradients in
     # data parallelism; in tensor parallelism they get equal gradients): check it.
     spread = weight_spread_across_ranks(layout.replicated(model), group)
@@ -234,4 +237,7 @@ def check_ranks(
         tokens,
         peaks,
         per_rank_text(base_weights, group),
+        # As JSON text, so that byte counts arrive exact (per_rank gathers float32).
+        None if pipeline_counters is None else [
+            json.loads(text) for text in per_rank_text(json.dumps(pipeline_counters), group)],
     )

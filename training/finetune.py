@@ -238,7 +238,7 @@ def train(
         test_loss = _evaluate(loaded, CacheDataset(loaded.test), config,
                               _batches(config.test_batches, cut.micro_batches), batches, display, loss)
         display.print(f"Test loss {test_loss:.3f}, Test ppl {math.exp(test_loss):.3f}.")
-    return Trained(batches.trained_tokens, test_loss)
+    return Trained(batches.trained_tokens, test_loss, stages.counters if stages else None)
 
 
 def _pipeline_step(config: FinetuneConfig, layout: Layout) -> pipeline.PipelineStep | None:
@@ -271,6 +271,7 @@ def _pipelined(stages: pipeline.PipelineStep | None, args: trainer.TrainingArgs)
 class Trained:
     tokens: int  # the target tokens this rank trained on
     test_loss: float | None  # the test split's loss (test: true)
+    pipeline_counters: dict[str, Any] | None = None  # this stage's (PipelineStep.counters); None: no stages
 
 
 def _evaluate(loaded: Loaded, dataset: Any, config: FinetuneConfig, num_batches: int,
@@ -320,6 +321,8 @@ def write_summary(
         summary["test_ppl"] = math.exp(test_loss)
     summary["peak_memory_gb_per_rank"] = checks.peak_memory_gb
     summary["base_weights_per_rank"] = checks.base_weights  # quantized, dequantized at load, or float
+    if checks.pipeline is not None:  # each stage's recv waits, bytes sent, micro-batches and steps
+        summary["pipeline_per_rank"] = checks.pipeline
     # In tensor parallelism the ranks compute the batch together, as one data rank.
     summary["batch"] = report.batch_split(
         cut.shares, cut.micro_batches, checks.rank_tokens[:len(cut.shares)], summary.get("tokens_per_second"),
@@ -387,7 +390,8 @@ def run(
     watchdog.start()
     try:
         trained = train(config, group, loaded, optimizer, callback, display, first_step, cut)
-        checks = check_ranks(loaded.model, group, trained.tokens, loaded.layout, loaded.base_weights)
+        checks = check_ranks(loaded.model, group, trained.tokens, loaded.layout, loaded.base_weights,
+                             trained.pipeline_counters)
     finally:
         watchdog.stop()
         finish_reporting(callback)

@@ -240,7 +240,7 @@ def assert_served_in_its_stages(cluster, model_dir: Path, run_dir: Path) -> None
                                             messages=[{"role": "user", "content": "Ahoy?"}])
         assert asked.choices[0].message.content == expected.text
         server.send_signal(signal.SIGTERM)
-        stdout, stderr = server.communicate(timeout=60)
+        _, stderr = server.communicate(timeout=60)
     assert server.returncode == 130, stderr[-2000:]
     wait_until_gone(serve_pids, cluster, (1, 2))
 

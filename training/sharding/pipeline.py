@@ -29,6 +29,7 @@ stage's neighbours are rank - 1 and rank + 1, its ring neighbours.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -260,6 +261,13 @@ class PipelineStep:
                  cross_entropy: Callable[[mx.array, mx.array], mx.array] = nn.losses.cross_entropy):
         self.stage, self.group, self.micro, self.cross_entropy = stage, group, micro, cross_entropy
         self.incoming, self.outgoing = agree_on_wires(stage, group)
+        # What the training steps did (validation is not counted), for the run's summary.json: seconds
+        # blocked in recv, bytes sent to each rank, micro-batches and steps, and the seconds of the steps.
+        self.counters: dict[str, Any] = {"steps": 0, "micro_batches": 0, "step_seconds": 0.0,
+                                         "recv_wait_seconds": 0.0, "bytes_sent_to": {},
+                                         "layers": [stage.start, stage.stop], "total_layers": stage.total,
+                                         "stages": stage.stages}
+        self._counting = False
 
     # mlx-lm's trainer: `nn.value_and_grad(model, loss)(model, *batch)`.
     def value_and_grad(self, model: nn.Module, loss: Any) -> Callable[..., Any]:
@@ -267,7 +275,10 @@ class PipelineStep:
 
     def _recv(self, shape: tuple[int, ...], wire: Wire, source: int) -> mx.array:
         received = mx.distributed.recv(shape, wire.dtype, source, group=self.group, stream=mx.cpu)
+        tic = time.perf_counter()
         mx.eval(received)
+        if self._counting:
+            self.counters["recv_wait_seconds"] += time.perf_counter() - tic
         return received
 
     def _received(self, inputs: mx.array) -> mx.array | None:
@@ -278,6 +289,9 @@ class PipelineStep:
 
     def _send(self, value: mx.array, destination: int) -> None:
         mx.eval(mx.distributed.send(value, destination, group=self.group, stream=mx.cpu))
+        if self._counting:
+            sent = self.counters["bytes_sent_to"]
+            sent[str(destination)] = sent.get(str(destination), 0) + value.nbytes
 
     def _inputs(self, batch: mx.array, lengths: mx.array) -> list[tuple[mx.array, mx.array, mx.array]]:
         inputs, targets = batch[:, :-1], batch[:, 1:]
@@ -293,6 +307,18 @@ class PipelineStep:
 
     def loss_and_gradients(self, model: nn.Module, batch: mx.array, lengths: mx.array,
                            scale: mx.array) -> tuple[tuple[mx.array, mx.array], Any]:
+        """One training step, counted (`counters`)."""
+        tic, self._counting = time.perf_counter(), True
+        try:
+            return self._step(model, batch, lengths, scale)
+        finally:
+            self._counting = False
+            self.counters["steps"] += 1
+            self.counters["micro_batches"] += len(micro_rows(batch.shape[0], self.micro))
+            self.counters["step_seconds"] += time.perf_counter() - tic
+
+    def _step(self, model: nn.Module, batch: mx.array, lengths: mx.array,
+              scale: mx.array) -> tuple[tuple[mx.array, mx.array], Any]:
         stage, here = self.stage, self.group.rank()
         parts = self._inputs(batch, lengths)
         received: list[mx.array | None] = []

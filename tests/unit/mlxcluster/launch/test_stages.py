@@ -234,7 +234,8 @@ def test_a_resume_keeps_the_run_s_stages_and_a_fault_re_sizes_them(tmp_path, mon
     assert left.settings.pipeline_layers == "15,15"
 
 
-def test_stages_set_by_hand_that_the_ranks_left_cannot_hold_are_sized_again_on_a_resume(tmp_path, monkeypatch):
+def test_stages_set_by_hand_that_the_ranks_left_cannot_hold_are_sized_again_on_a_resume(tmp_path,
+                                                                                       monkeypatch):
     monkeypatch.setattr(runs, "RUNS", tmp_path / "runs")
     monkeypatch.setattr(runs, "REPO", tmp_path)
     monkeypatch.setattr(training, "RUNS", tmp_path / "runs")
