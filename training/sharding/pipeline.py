@@ -41,6 +41,12 @@ from mlx.utils import tree_flatten, tree_map, tree_unflatten
 from training.config import ConfigError
 from training.data.shares import ShareError, split
 
+# Metal's GPU watchdog ends a command buffer that runs past about 45-60 s and the process with it
+# (mlx #3402). A stage evaluates each micro-batch's forward, and each one's backward, on its own (and
+# every recv apart, on the CPU stream, so an idle stage never waits inside GPU work); one of them
+# taking longer than this is said once, with what makes them shorter.
+WATCHDOG_WARN_SECONDS = 20.0
+
 # The dtypes an activation may cross the link in, by a code the stages agree on once.
 WIRE_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 
@@ -258,13 +264,17 @@ class PipelineStep:
     loss alone (validation), through every stage in `micro` micro-batches."""
 
     def __init__(self, stage: StageModel, group: Any, micro: int,
-                 cross_entropy: Callable[[mx.array, mx.array], mx.array] = nn.losses.cross_entropy):
+                 cross_entropy: Callable[[mx.array, mx.array], mx.array] = nn.losses.cross_entropy,
+                 warn_seconds: float = WATCHDOG_WARN_SECONDS):
         self.stage, self.group, self.micro, self.cross_entropy = stage, group, micro, cross_entropy
+        self.warn_seconds, self._warned = warn_seconds, False
         self.incoming, self.outgoing = agree_on_wires(stage, group)
         # What the training steps did (validation is not counted), for the run's summary.json: seconds
-        # blocked in recv, bytes sent to each rank, micro-batches and steps, and the seconds of the steps.
+        # blocked in recv, bytes sent to each rank, micro-batches and steps, and the seconds of the steps;
+        # and the longest evaluation of one micro-batch's work (validation's too: the watchdog's).
         self.counters: dict[str, Any] = {"steps": 0, "micro_batches": 0, "step_seconds": 0.0,
                                          "recv_wait_seconds": 0.0, "bytes_sent_to": {},
+                                         "longest_eval_seconds": 0.0,
                                          "layers": [stage.start, stage.stop], "total_layers": stage.total,
                                          "stages": stage.stages}
         self._counting = False
@@ -280,6 +290,21 @@ class PipelineStep:
         if self._counting:
             self.counters["recv_wait_seconds"] += time.perf_counter() - tic
         return received
+
+    def _evaluated(self, *values: Any) -> None:
+        """One micro-batch's work on this stage, evaluated at once and timed (see
+        WATCHDOG_WARN_SECONDS): the longest is counted, and one past the limit said once."""
+        tic = time.perf_counter()
+        mx.eval(*values)
+        seconds = time.perf_counter() - tic
+        self.counters["longest_eval_seconds"] = max(self.counters["longest_eval_seconds"], seconds)
+        if seconds > self.warn_seconds and not self._warned:
+            self._warned = True
+            print(f"rank {self.group.rank()}: warning: one micro-batch's work on this stage (layers "
+                  f"{self.stage.start + 1}-{self.stage.stop}) took {seconds:.0f} s at once; on a Mac, "
+                  "Metal's GPU watchdog ends work that runs past about 45-60 s (mlx #3402): make the "
+                  "micro-batches smaller (a larger pipeline_micro_batches) or give this stage fewer "
+                  "layers (pipeline_layers)", flush=True)
 
     def _received(self, inputs: mx.array) -> mx.array | None:
         """The stage before's activations for these token rows (None on the first stage)."""
@@ -330,7 +355,9 @@ class PipelineStep:
             received.append(incoming)
             keys.append(_random_key())
             if not stage.last:
-                self._send(stage.forward(inputs, incoming).astype(self.outgoing.dtype), here + 1)
+                out = stage.forward(inputs, incoming).astype(self.outgoing.dtype)
+                self._evaluated(out)
+                self._send(out, here + 1)
         after_forward = _random_key()
         params = model.trainable_parameters()
         gradients, total, tokens = None, mx.array(0.0), mx.array(0)
@@ -352,14 +379,16 @@ class PipelineStep:
                     return summed * scale, count
 
                 (value, count), grads = mx.value_and_grad(loss, argnums=list(range(len(primals))))(*primals)
+                grads = grads if len(primals) > 1 else (grads,)  # one argnum: MLX gives it bare
                 total, tokens = total + value, tokens + count
             else:
                 cotangent = self._recv(self.outgoing.shape(inputs), self.outgoing, here + 1)
                 grads = _vjp(run, primals, cotangent)
-            if not stage.first:
-                self._send(grads[1].astype(self.incoming.dtype), here - 1)
             gradients = grads[0] if gradients is None else tree_map(mx.add, gradients, grads[0])
-            mx.eval(gradients, total, tokens)
+            back = [grads[1].astype(self.incoming.dtype)] if not stage.first else []
+            self._evaluated(gradients, total, tokens, *back)
+            if back:
+                self._send(back[0], here - 1)
         model.update(params)
         _set_random_key(after_forward)
         return self._counted(total, tokens), gradients
@@ -375,9 +404,11 @@ class PipelineStep:
             if stage.last:
                 summed, count = summed_cross_entropy(self.cross_entropy, out, targets, part_lengths)
                 total, tokens = total + summed * scale, tokens + count
-                mx.eval(total, tokens)
+                self._evaluated(total, tokens)
             else:
-                self._send(out.astype(self.outgoing.dtype), here + 1)
+                out = out.astype(self.outgoing.dtype)
+                self._evaluated(out)
+                self._send(out, here + 1)
         if not stage.last:
             return mx.array(0.0), mx.array(0)
         return total, tokens

@@ -131,6 +131,30 @@ def test_two_uneven_stages_train_one_process_s_qlora_on_the_packed_4_bit_base(tm
     assert held[0].startswith("4-bit") and held[1].startswith("dequantized from 4-bit"), held
 
 
+def test_a_micro_batch_s_work_past_the_watchdog_s_margin_is_said_once_with_what_to_do(tmp_path: Path,
+                                                                                      capsys):
+    # Metal ends GPU work past about 45-60 s (mlx #3402): each micro-batch's forward and backward are
+    # evaluated apart, timed; here every one is past a margin of 0 s, and it is said once.
+    import mlx.core as mx
+    from mlx_lm import load
+
+    from training.sharding.pipeline import PipelineStep, make_stage
+
+    root = uneven_inputs(tmp_path, num_hidden_layers=2)
+    model, _ = load(str(root / "model"))
+    step = PipelineStep(make_stage(model, 0, [(0, 2)]), mx.distributed.init(), micro=2, warn_seconds=0.0)
+    batch = mx.array([[1, 2, 3, 4, 5, 6, 7, 8, 9]] * 2)
+    lengths = mx.array([[1, 8], [1, 8]])
+    for _ in range(2):
+        (loss, tokens), gradients = step.loss_and_gradients(model, batch, lengths, mx.array(1.0))
+    assert tokens.item() == 16 and loss.item() > 0 and gradients
+    said = capsys.readouterr().out
+    assert said.count("warning") == 1
+    assert "rank 0: warning: one micro-batch's work on this stage (layers 1-2)" in said
+    assert "make the micro-batches smaller (a larger pipeline_micro_batches)" in said
+    assert 0 < step.counters["longest_eval_seconds"] < step.counters["step_seconds"]
+
+
 # --- the rules ---------------------------------------------------------------------------------------
 
 
