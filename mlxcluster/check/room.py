@@ -90,6 +90,40 @@ class Body:
         return held
 
 
+def fitted(body: Body, capacities: Sequence[float]) -> list[int]:
+    """Each stage's layers, in order, at least one each, that make the fullest stage as little full as
+    can be: its bytes (its layers', the embeddings on the first, the head on the last) over its
+    capacity (its free memory). Exact, by dynamic programming over where each stage ends."""
+    layers, stages = len(body.layers), len(capacities)
+    prefix = [0]
+    for size in body.layers:
+        prefix.append(prefix[-1] + size)
+
+    def fullness(stage: int, start: int, stop: int) -> float:
+        held = prefix[stop] - prefix[start] + (body.embeddings if stage == 0 else 0)
+        if stage == stages - 1:
+            held += body.head + (body.embeddings if body.tied and stage else 0)
+        return held / capacities[stage]
+
+    # best[stage][stop]: the least fullest-stage of stages 0..stage holding layers [0, stop)
+    best = [[math.inf] * (layers + 1) for _ in range(stages)]
+    cut = [[0] * (layers + 1) for _ in range(stages)]
+    for stop in range(1, layers - stages + 2):
+        best[0][stop] = fullness(0, 0, stop)
+    for stage in range(1, stages):
+        for stop in range(stage + 1, layers - stages + stage + 2):
+            for start in range(stage, stop):
+                found = max(best[stage - 1][start], fullness(stage, start, stop))
+                if found <= best[stage][stop]:  # a tie: the earlier stages the more, as shares.split deals
+                    best[stage][stop], cut[stage][stop] = found, start
+    counts, stop = [], layers
+    for stage in range(stages - 1, 0, -1):
+        start = cut[stage][stop]
+        counts.append(stop - start)
+        stop = start
+    return [stop, *reversed(counts)]
+
+
 def body_of(tensors: Mapping[str, Tensor]) -> Body | None:
     """The model's bytes by layer, from its tensors' names (None: no numbered layers 0..N-1)."""
     layers: dict[int, int] = {}

@@ -122,7 +122,8 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
     shares = batch_shares.for_run(cluster, request.settings, request.calibration)
     dequantizing = quantized.args(cluster, model_config, request.settings)
     sized = stages.for_run(cluster, request.settings, model_config, memory,
-                           recorded_stages(run_id) if resume else None, resumed=resume)
+                           recorded_stages(run_id) if resume else None, resumed=resume,
+                           body=stages.body_of(request.model) if memory else None)
     # The shares, stages and the ranks that dequantize go before the user's flags (theirs win); the
     # inputs at the nodes' paths after them.
     first, last = ([], sized.args) if sized and sized.refit else (sized.args if sized else [], [])

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlxcluster.check import room
 from mlxcluster.describe.cluster import Cluster, Node
 from mlxcluster.errors import UserError
 from mlxcluster.launch.quantized import model_config
@@ -149,11 +150,13 @@ def _stage_fixed(cluster: Cluster, ranks: Sequence[Node], stages: int) -> list[i
 
 
 def sized(cluster: Cluster, layers: int, memory: Mapping[str, int | None] | None,
-          stages: int | None = None) -> Stages:
+          stages: int | None = None, body: room.Body | None = None) -> Stages:
     """The `stages` (default: one per rank) of `layers`, from the inventory's pipeline_layers where
     a node sets it and the free memory of each stage's ranks for the rest (the least of its
-    replicas'; equal when any is not known). A UserError names the nodes when the inventory's
-    numbers cannot add up to the model's layers."""
+    replicas'; equal when any is not known): with the model's bytes by layer (`body`, from its
+    safetensors headers) the embeddings and head count on the edge stages (room.fitted), else
+    the layers are dealt in proportion. A UserError names the nodes when the inventory's numbers
+    cannot add up to the model's layers."""
     ranks = _ranks(cluster)
     stages = stages or len(ranks)
     fixed = _stage_fixed(cluster, ranks, stages)
@@ -168,11 +171,20 @@ def sized(cluster: Cluster, layers: int, memory: Mapping[str, int | None] | None
                         f"model's {layers} layers: make them {wanted}, or leave pipeline_layers out "
                         "to size the stages from each node's memory")
     weights = [None if None in held else min(held) for held in _folded(rank_memory(cluster, memory), stages)]
-    dealt = iter(by_memory(rest, [weights[stage] for stage in free]) if free else [])
+    edges = (body is not None and len(body.layers) == layers and not by_hand and None not in weights
+             and stages <= layers)
+    if edges:
+        assert body is not None
+        weights = [float(w) for w in weights if w is not None]
+        dealt = iter(room.fitted(body, weights))
+    else:
+        dealt = iter(by_memory(rest, [weights[stage] for stage in free]) if free else [])
     counts = tuple(count or next(dealt) for count in fixed)
     others = list({n.name: n for stage in free for n in _folded(ranks, stages)[stage]}.values())
     why = "; ".join([*([f"pipeline_layers in the inventory on {', '.join(by_hand)}"] if by_hand else []),
                      *([_memory_words(memory, others)] if others else [])])
+    if edges:
+        why += "; the embeddings and the head counted on the edge stages"
     if stages < len(ranks):
         why += f"; {len(ranks) // stages} replicas of the stages, each stage as its smallest replica"
     return Stages(counts, why)
@@ -189,25 +201,26 @@ def recorded_stages(recorded: Any, stages: int, layers: int) -> tuple[int, ...] 
 
 def for_run(cluster: Cluster, settings: FinetuneConfig, model_config: Mapping[str, Any] | None,
             memory: Mapping[str, int | None] | None, recorded: Any = None,
-            resumed: bool = False) -> Stages | None:
+            resumed: bool = False, body: room.Body | None = None) -> Stages | None:
     """The stages to give the ranks of this run (None: not a pipeline run, the settings set
     pipeline_layers themselves, or the model's layers are not known here, and the ranks split
     them equally by themselves). `memory`: each node's free memory (None: not asked, a dry run);
     `recorded`: a resumed run's pipeline_layers from its run.json; `resumed`: stages set by hand
-    that the ranks of a resumed run cannot hold (a Mac lost) are sized again (`refitted`)."""
+    that the ranks of a resumed run cannot hold (a Mac lost) are sized again (`refitted`); `body`:
+    the model's bytes by layer, when its headers were read (`sized`)."""
     if settings.parallel != "pipeline" or cluster.world_size < 2:
         return None
     layers = layer_count(model_config)
     if layers is None:
         return None
-    if resumed and (refit := refitted(cluster, settings, layers, memory)):
+    if resumed and (refit := refitted(cluster, settings, layers, memory, body)):
         return refit
     if not asks_memory(settings):
         return None
     count = pipeline_stage_count(settings, cluster.world_size)
     if kept := recorded_stages(recorded, count, layers):
         return Stages(kept, "as this run recorded them when it started")
-    return sized(cluster, layers, memory, count)
+    return sized(cluster, layers, memory, count, body)
 
 
 def for_doctor(cluster: Cluster, model_dir: Path, parallel: str,
@@ -218,11 +231,17 @@ def for_doctor(cluster: Cluster, model_dir: Path, parallel: str,
     layers = layer_count(model_config(model_dir))
     if parallel != "pipeline" or layers is None or not 2 <= cluster.world_size <= layers:
         return None
-    return sized(cluster, layers, memory).counts
+    return sized(cluster, layers, memory, body=body_of(model_dir)).counts
+
+
+def body_of(model_dir: Path) -> room.Body | None:
+    """The model's bytes by layer, from its safetensors headers (None: not here, or not by layer)."""
+    found = room.weights(model_dir, by_layer=True)
+    return found.body if found else None
 
 
 def refitted(cluster: Cluster, settings: FinetuneConfig, layers: int,
-             memory: Mapping[str, int | None] | None) -> Stages | None:
+             memory: Mapping[str, int | None] | None, body: room.Body | None = None) -> Stages | None:
     """A resumed run's stages when those its settings set by hand (pipeline_layers, pipeline_stages)
     do not fit the ranks it has now, as after a lost Mac: as many stages as pipeline_stages when it
     still divides the ranks, else one a rank, sized from the nodes' memory and said so (None: they
@@ -235,7 +254,7 @@ def refitted(cluster: Cluster, settings: FinetuneConfig, layers: int,
     if count > layers:
         raise UserError(f"the {world} ranks left cannot each hold a stage of the model's {layers} layers: "
                         f"resume on at most {layers} ranks")
-    fresh = sized(cluster, layers, memory, count)
+    fresh = sized(cluster, layers, memory, count, body)
     hand = ", ".join(f"{key} {getattr(settings, key)}" for key in ("pipeline_stages", "pipeline_layers")
                      if getattr(settings, key))
     return Stages(fresh.counts, f"{hand} set by hand do not fit the {world} ranks now: sized again, "

@@ -137,6 +137,22 @@ def test_replicas_of_the_stages_size_each_stage_by_its_smallest_replica():
         stages.for_run(layout(FOUR, {"node1": 20, "node3": 22}), TWO_BY_TWO, THIRTY, memory)
 
 
+def test_with_the_model_s_bytes_by_layer_the_edge_stages_hold_fewer_layers():
+    from mlxcluster.check import room
+
+    # 30 layers of 1 GB, embeddings and head of 6 GB each, on three Macs of 64 GB: 8, 14 and 8.
+    body = room.Body((GB,) * 30, 6 * GB, 6 * GB, tied=False)
+    equal = {n: 64 * GB for n in THREE}
+    sized = stages.for_run(layout(THREE), PIPELINE, THIRTY, equal, body=body)
+    assert sized is not None and sized.counts == (8, 14, 8)
+    assert sized.why.endswith("; the embeddings and the head counted on the edge stages")
+    # Without the bytes (a model not read here), the layers are dealt as before.
+    assert counts(layout(THREE), equal) == (10, 10, 10)
+    # The inventory's own numbers are kept as they are.
+    by_hand = stages.for_run(layout(THREE, {"node1": 12}), PIPELINE, THIRTY, equal, body=body)
+    assert by_hand is not None and by_hand.counts == (12, 9, 9)
+
+
 def test_invoke_doctor_counts_the_stages_invoke_train_would_size(tmp_path: Path):
     (tmp_path / "config.json").write_text(json.dumps(THIRTY))
     assert stages.for_doctor(layout(THREE), tmp_path, "pipeline", MAC_STUDIOS) == (18, 6, 6)
