@@ -86,6 +86,9 @@ ELSEWHERE = {
     "bench.tensor": "two runs and a comparison (minutes): parsed only; the comparison is "
                     "tests/unit/mlxcluster/bench/test_tensor.py, tensor-parallel runs on the lab are "
                     "tests/cluster/test_train.py's",
+    "bench.pipeline": "eleven runs on 2, 3 and 4 nodes (minutes): parsed only; its report is "
+                      "tests/unit/mlxcluster/bench/test_pipeline.py's, from real pipeline, tensor and "
+                      "data runs on local ranks; pipeline runs on the lab are tests/cluster/test_train.py's",
     "bench.serve": "starts servers round after round (minutes): parsed only; its measures are "
                    "tests/unit/mlxcluster/bench/test_serve.py's, against a real server",
     "bench.faults": "a fresh lab and six runs (minutes): parsed only; its figures and verdict are "

@@ -531,7 +531,9 @@ def test_an_interrupted_run_resumes_to_the_adapters_of_an_uninterrupted_one(prov
         in stderr
     assert json.loads((interrupted / "run.json").read_text())["status"] == "failed"
 
-    resumed = invoke_train(provisioned, "--resume", timeout=300)
+    # By its id, as the hint says: a bare --resume takes the latest run, which a test on another worker
+    # may have just started (tests/unit/mlxcluster/launch/test_runs.py covers the latest).
+    resumed = invoke_train(provisioned, "--resume", interrupted.name, timeout=300)
     try:
         assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
         assert f"resuming run {interrupted.name} on 2 ranks" in resumed.stdout
