@@ -463,7 +463,8 @@ def run(rec: Recorded, model: str | None, as_json: bool = False, parallel: str =
     start = time.perf_counter()
     model_dir = Path(model) if model else inputs.checked_model(rec.cluster)
     gathered = gather(rec.cluster)
-    sized = stages.for_doctor(rec.cluster, model_dir, parallel, memory_of(gathered))
+    found = room.weights(model_dir, by_layer=True) if parallel == "pipeline" else None
+    sized = stages.for_doctor(rec.cluster, model_dir, parallel, memory_of(gathered), found and found.body)
     need = room.for_run(rec.cluster, model_dir, parallel=parallel, stages=sized)
     checks = diagnose(rec.cluster, rec.rendered_hostfile, need, gathered=gathered)
     checks += left_out(drained.read(rec.build).values(), checks)

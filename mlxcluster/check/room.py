@@ -33,6 +33,7 @@ from safetensors import SafetensorError, safe_open
 
 from mlxcluster.describe.cluster import Cluster
 from mlxcluster.launch import quantized
+from mlxcluster.launch.stages import Body
 from training.data import shares
 from training.model import quantization
 
@@ -64,64 +65,6 @@ LAYER_NAME = re.compile(r"(?:^|\.)(?:layers|h|blocks)\.(\d+)\.")
 EMBEDDING_NAME = re.compile(r"(?:^|\.)(?:embed_tokens|wte|wpe|tok_embeddings|word_embeddings)(?:\.|$)")
 # A head of its own; without one the head is the embeddings (tied), which the last stage reads too.
 HEAD_NAME = re.compile(r"(?:^|\.)(?:lm_head|output)\.")
-
-
-@dataclass(frozen=True)
-class Body:
-    """Where a model's bytes are, by pipeline stage: each layer's, the embeddings' (the first
-    stage's) and the rest's outside the layers (the final norm and the head: the last stage's)."""
-
-    layers: tuple[int, ...]
-    embeddings: int
-    head: int
-    tied: bool  # no head of its own: the last stage holds the embeddings too
-
-    def stage_bytes(self, counts: Sequence[int]) -> list[int]:
-        """Each stage's bytes, for stages of `counts` layers in order."""
-        held, start = [], 0
-        for stage, count in enumerate(counts):
-            part = sum(self.layers[start:start + count])
-            if stage == 0:
-                part += self.embeddings
-            if stage == len(counts) - 1:
-                part += self.head + (self.embeddings if self.tied and stage else 0)
-            held.append(part)
-            start += count
-        return held
-
-
-def fitted(body: Body, capacities: Sequence[float]) -> list[int]:
-    """Each stage's layers, in order, at least one each, that make the fullest stage as little full as
-    can be: its bytes (its layers', the embeddings on the first, the head on the last) over its
-    capacity (its free memory). Exact, by dynamic programming over where each stage ends."""
-    layers, stages = len(body.layers), len(capacities)
-    prefix = [0]
-    for size in body.layers:
-        prefix.append(prefix[-1] + size)
-
-    def fullness(stage: int, start: int, stop: int) -> float:
-        held = prefix[stop] - prefix[start] + (body.embeddings if stage == 0 else 0)
-        if stage == stages - 1:
-            held += body.head + (body.embeddings if body.tied and stage else 0)
-        return held / capacities[stage]
-
-    # best[stage][stop]: the least fullest-stage of stages 0..stage holding layers [0, stop)
-    best = [[math.inf] * (layers + 1) for _ in range(stages)]
-    cut = [[0] * (layers + 1) for _ in range(stages)]
-    for stop in range(1, layers - stages + 2):
-        best[0][stop] = fullness(0, 0, stop)
-    for stage in range(1, stages):
-        for stop in range(stage + 1, layers - stages + stage + 2):
-            for start in range(stage, stop):
-                found = max(best[stage - 1][start], fullness(stage, start, stop))
-                if found <= best[stage][stop]:  # a tie: the earlier stages the more, as shares.split deals
-                    best[stage][stop], cut[stage][stop] = found, start
-    counts, stop = [], layers
-    for stage in range(stages - 1, 0, -1):
-        start = cut[stage][stop]
-        counts.append(stop - start)
-        stop = start
-    return [stop, *reversed(counts)]
 
 
 def body_of(tensors: Mapping[str, Tensor]) -> Body | None:

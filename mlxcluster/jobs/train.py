@@ -123,7 +123,7 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
     dequantizing = quantized.args(cluster, model_config, request.settings)
     sized = stages.for_run(cluster, request.settings, model_config, memory,
                            recorded_stages(run_id) if resume else None, resumed=resume,
-                           body=stages.body_of(request.model) if memory else None)
+                           body=model_body(request.model) if memory else None)
     # The shares, stages and the ranks that dequantize go before the user's flags (theirs win); the
     # inputs at the nodes' paths after them.
     first, last = ([], sized.args) if sized and sized.refit else (sized.args if sized else [], [])
@@ -157,6 +157,12 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
                         **sent.controller_paths, "base_weights": base.per_node if base else None,
                         **stages_record(settings, sized),
                         "layout_settings": layout_settings(shares, dequantizing, sized)})
+
+
+def model_body(model: Path) -> stages.Body | None:
+    """The model's bytes by layer, from its safetensors headers (None: not here, or not by layer)."""
+    found = room.weights(model, by_layer=True)
+    return found.body if found else None
 
 
 def layout_settings(shares: batch_shares.Shares | None, dequantizing: Sequence[str],

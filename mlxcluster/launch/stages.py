@@ -24,12 +24,12 @@ stages when any node's memory is not known, said so.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlxcluster.check import room
 from mlxcluster.describe.cluster import Cluster, Node
 from mlxcluster.errors import UserError
 from mlxcluster.launch.quantized import model_config
@@ -56,6 +56,64 @@ def layer_count(config: Mapping[str, Any] | None) -> int | None:
         if (found := layer_count(config.get(key))) is not None:
             return found
     return None
+
+
+@dataclass(frozen=True)
+class Body:
+    """Where a model's bytes are, by pipeline stage: each layer's, the embeddings' (the first
+    stage's) and the rest's outside the layers (the final norm and the head: the last stage's)."""
+
+    layers: tuple[int, ...]
+    embeddings: int
+    head: int
+    tied: bool  # no head of its own: the last stage holds the embeddings too
+
+    def stage_bytes(self, counts: Sequence[int]) -> list[int]:
+        """Each stage's bytes, for stages of `counts` layers in order."""
+        held, start = [], 0
+        for stage, count in enumerate(counts):
+            part = sum(self.layers[start:start + count])
+            if stage == 0:
+                part += self.embeddings
+            if stage == len(counts) - 1:
+                part += self.head + (self.embeddings if self.tied and stage else 0)
+            held.append(part)
+            start += count
+        return held
+
+
+def fitted(body: Body, capacities: Sequence[float]) -> list[int]:
+    """Each stage's layers, in order, at least one each, that make the fullest stage as little full as
+    can be: its bytes (its layers', the embeddings on the first, the head on the last) over its
+    capacity (its free memory). Exact, by dynamic programming over where each stage ends."""
+    layers, stages = len(body.layers), len(capacities)
+    prefix = [0]
+    for size in body.layers:
+        prefix.append(prefix[-1] + size)
+
+    def fullness(stage: int, start: int, stop: int) -> float:
+        held = prefix[stop] - prefix[start] + (body.embeddings if stage == 0 else 0)
+        if stage == stages - 1:
+            held += body.head + (body.embeddings if body.tied and stage else 0)
+        return held / capacities[stage]
+
+    # best[stage][stop]: the least fullest-stage of stages 0..stage holding layers [0, stop)
+    best = [[math.inf] * (layers + 1) for _ in range(stages)]
+    cut = [[0] * (layers + 1) for _ in range(stages)]
+    for stop in range(1, layers - stages + 2):
+        best[0][stop] = fullness(0, 0, stop)
+    for stage in range(1, stages):
+        for stop in range(stage + 1, layers - stages + stage + 2):
+            for start in range(stage, stop):
+                found = max(best[stage - 1][start], fullness(stage, start, stop))
+                if found <= best[stage][stop]:  # a tie: the earlier stages the more, as shares.split deals
+                    best[stage][stop], cut[stage][stop] = found, start
+    counts, stop = [], layers
+    for stage in range(stages - 1, 0, -1):
+        start = cut[stage][stop]
+        counts.append(stop - start)
+        stop = start
+    return [stop, *reversed(counts)]
 
 
 @dataclass(frozen=True)
@@ -150,11 +208,11 @@ def _stage_fixed(cluster: Cluster, ranks: Sequence[Node], stages: int) -> list[i
 
 
 def sized(cluster: Cluster, layers: int, memory: Mapping[str, int | None] | None,
-          stages: int | None = None, body: room.Body | None = None) -> Stages:
+          stages: int | None = None, body: Body | None = None) -> Stages:
     """The `stages` (default: one per rank) of `layers`, from the inventory's pipeline_layers where
     a node sets it and the free memory of each stage's ranks for the rest (the least of its
     replicas'; equal when any is not known): with the model's bytes by layer (`body`, from its
-    safetensors headers) the embeddings and head count on the edge stages (room.fitted), else
+    safetensors headers) the embeddings and head count on the edge stages (fitted), else
     the layers are dealt in proportion. A UserError names the nodes when the inventory's numbers
     cannot add up to the model's layers."""
     ranks = _ranks(cluster)
@@ -176,7 +234,7 @@ def sized(cluster: Cluster, layers: int, memory: Mapping[str, int | None] | None
     if edges:
         assert body is not None
         weights = [float(w) for w in weights if w is not None]
-        dealt = iter(room.fitted(body, weights))
+        dealt = iter(fitted(body, weights))
     else:
         dealt = iter(by_memory(rest, [weights[stage] for stage in free]) if free else [])
     counts = tuple(count or next(dealt) for count in fixed)
@@ -201,7 +259,7 @@ def recorded_stages(recorded: Any, stages: int, layers: int) -> tuple[int, ...] 
 
 def for_run(cluster: Cluster, settings: FinetuneConfig, model_config: Mapping[str, Any] | None,
             memory: Mapping[str, int | None] | None, recorded: Any = None,
-            resumed: bool = False, body: room.Body | None = None) -> Stages | None:
+            resumed: bool = False, body: Body | None = None) -> Stages | None:
     """The stages to give the ranks of this run (None: not a pipeline run, the settings set
     pipeline_layers themselves, or the model's layers are not known here, and the ranks split
     them equally by themselves). `memory`: each node's free memory (None: not asked, a dry run);
@@ -223,25 +281,19 @@ def for_run(cluster: Cluster, settings: FinetuneConfig, model_config: Mapping[st
     return sized(cluster, layers, memory, count, body)
 
 
-def for_doctor(cluster: Cluster, model_dir: Path, parallel: str,
-               memory: Mapping[str, int | None]) -> tuple[int, ...] | None:
-    """The stages `invoke train --parallel pipeline` would size from this free memory, for invoke
-    doctor's memory check (None: another mode, or the model's layers are not known or fewer than the
-    ranks: equal stages)."""
+def for_doctor(cluster: Cluster, model_dir: Path, parallel: str, memory: Mapping[str, int | None],
+               body: Body | None = None) -> tuple[int, ...] | None:
+    """The stages `invoke train --parallel pipeline` would size from this free memory (and the
+    model's bytes by layer), for invoke doctor's memory check (None: another mode, or the model's
+    layers are not known or fewer than the ranks: equal stages)."""
     layers = layer_count(model_config(model_dir))
     if parallel != "pipeline" or layers is None or not 2 <= cluster.world_size <= layers:
         return None
-    return sized(cluster, layers, memory, body=body_of(model_dir)).counts
-
-
-def body_of(model_dir: Path) -> room.Body | None:
-    """The model's bytes by layer, from its safetensors headers (None: not here, or not by layer)."""
-    found = room.weights(model_dir, by_layer=True)
-    return found.body if found else None
+    return sized(cluster, layers, memory, body=body).counts
 
 
 def refitted(cluster: Cluster, settings: FinetuneConfig, layers: int,
-             memory: Mapping[str, int | None] | None, body: room.Body | None = None) -> Stages | None:
+             memory: Mapping[str, int | None] | None, body: Body | None = None) -> Stages | None:
     """A resumed run's stages when those its settings set by hand (pipeline_layers, pipeline_stages)
     do not fit the ranks it has now, as after a lost Mac: as many stages as pipeline_stages when it
     still divides the ranks, else one a rank, sized from the nodes' memory and said so (None: they

@@ -187,7 +187,8 @@ def test_pipeline_stages_on_both_nodes_train_one_process_s_adapters_over_mpi(pro
     assert "==> pipeline parallel: each of the 2 ranks holds a stage of whole layers" in proc.stdout
     # The controller probed both nodes and sized the stages from their free memory (the split by
     # memory itself: tests/unit/mlxcluster/launch/test_stages.py); every rank got them.
-    sized = r"==> pipeline stages 1,1 layers \(from each node's free memory: node1 [\d.]+, node2 [\d.]+ GB\)"
+    sized = (r"==> pipeline stages 1,1 layers \(from each node's free memory: node1 [\d.]+, node2 [\d.]+ GB"
+             r"; the embeddings and the head counted on the edge stages\)")
     assert re.search(sized, proc.stdout), proc.stdout
     try:
         info = json.loads((run_dir / "run.json").read_text())

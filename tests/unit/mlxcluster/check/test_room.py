@@ -159,20 +159,22 @@ def test_without_the_layers_bytes_a_stage_needs_its_fraction_of_the_layers():
 
 
 def test_stages_fitted_to_the_bytes_count_the_embeddings_and_head_on_the_edge_stages():
+    from mlxcluster.launch import stages
+
     # 12 layers of 1 GB, embeddings and head of 3 GB each, three equal Macs: dealt by layers the edge
     # stages hold 7 GB and the middle one 4; fitted, every stage 6.
     body = room.Body((GIB,) * 12, 3 * GIB, 3 * GIB, tied=False)
-    assert room.fitted(body, [1.0, 1.0, 1.0]) == [3, 6, 3]
+    assert stages.fitted(body, [1.0, 1.0, 1.0]) == [3, 6, 3]
     assert body.stage_bytes([3, 6, 3]) == [6 * GIB] * 3 and max(body.stage_bytes([4, 4, 4])) == 7 * GIB
     # A tied head: the last stage holds the embeddings too.
     tied = room.Body((GIB,) * 12, 3 * GIB, 0, tied=True)
-    assert room.fitted(tied, [1.0, 1.0]) == [6, 6]
+    assert stages.fitted(tied, [1.0, 1.0]) == [6, 6]
     # Uneven Macs, no edges: the layers' deal by memory; the fullest stage as little full as can be.
     plain = room.Body((GIB,) * 30, 0, 0, tied=False)
-    assert room.fitted(plain, [192.0, 64.0, 64.0]) == [18, 6, 6]
+    assert stages.fitted(plain, [192.0, 64.0, 64.0]) == [18, 6, 6]
     # Uneven layers (a wide one in the middle), every stage at least one layer.
-    assert room.fitted(room.Body((1, 1, 8, 1, 1), 0, 0, tied=False), [1.0, 1.0, 1.0]) == [2, 1, 2]
-    assert room.fitted(room.Body((5,) * 4, 100, 0, tied=True), [1.0] * 4) == [1, 1, 1, 1]
+    assert stages.fitted(room.Body((1, 1, 8, 1, 1), 0, 0, tied=False), [1.0, 1.0, 1.0]) == [2, 1, 2]
+    assert stages.fitted(room.Body((5,) * 4, 100, 0, tied=True), [1.0] * 4) == [1, 1, 1, 1]
 
 
 def test_replicas_of_the_stages_need_their_stage_s_share_wherever_their_ranks_are():
