@@ -34,6 +34,7 @@ from training.sharding.pipeline import (
     agree_on_wires,
     layers_owner,
     make_stage,
+    probed_wire,
     stage_layers,
 )
 from training.sharding.stage_layout import PipelineLayout
@@ -74,13 +75,8 @@ def agree_on_logits(stage: StageModel, incoming: Wire | None, group: Any) -> Wir
     every stage: the last builds (and never evaluates) its forward for one token."""
     code = mx.zeros((2,), dtype=mx.int32)
     if stage.last:
-        tokens = mx.zeros((1, 1), dtype=mx.int32)
-        probe = None if incoming is None else mx.zeros(incoming.shape(tokens), dtype=incoming.dtype)
-        out = stage.forward(tokens, probe)  # lazy: only its shape and dtype are read
-        if out.dtype not in WIRE_DTYPES:
-            raise ConfigError(f"the model's logits are {out.dtype}: pipeline serving shares float32, float16 "
-                              "or bfloat16 ones")
-        code = mx.array([out.shape[-1], WIRE_DTYPES.index(out.dtype)], dtype=mx.int32)
+        logits = probed_wire(stage, incoming, "the model's logits", "pipeline serving shares")
+        code = mx.array([logits.width, WIRE_DTYPES.index(logits.dtype)], dtype=mx.int32)
     if stage.stages > 1:
         code = mx.distributed.all_sum(code, group=group, stream=mx.cpu)
     width, dtype = code.tolist()

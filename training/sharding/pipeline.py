@@ -214,6 +214,18 @@ class Wire:
         return (*inputs.shape, self.width)
 
 
+def probed_wire(stage: StageModel, incoming: Wire | None, what: str, use: str) -> Wire:
+    """The form of this stage's output for what the stage before sends: its forward for one token,
+    built and never evaluated (only its shape and dtype are read). A ConfigError names `what` and its
+    `use` when it is not a dtype that crosses the link."""
+    tokens = mx.zeros((1, 1), dtype=mx.int32)
+    probe = None if incoming is None else mx.zeros(incoming.shape(tokens), dtype=incoming.dtype)
+    out = stage.forward(tokens, probe)
+    if out.dtype not in WIRE_DTYPES:
+        raise ConfigError(f"{what} are {out.dtype}: {use} float32, float16 or bfloat16 ones")
+    return Wire(out.shape[-1], out.dtype)
+
+
 def agree_on_wires(stage: StageModel, group: Any) -> tuple[Wire | None, Wire | None]:
     """The activations' form into this stage and out of it, found once before training: each stage
     builds (and never evaluates) its forward for one token from what the stage before sends, and
@@ -225,14 +237,9 @@ def agree_on_wires(stage: StageModel, group: Any) -> tuple[Wire | None, Wire | N
         incoming = Wire(width, WIRE_DTYPES[dtype])
     outgoing = None
     if not stage.last:
-        tokens = mx.zeros((1, 1), dtype=mx.int32)
-        probe = None if incoming is None else mx.zeros(incoming.shape(tokens), dtype=incoming.dtype)
-        out = stage.forward(tokens, probe)  # lazy: only its shape and dtype are read
-        if out.dtype not in WIRE_DTYPES:
-            raise ConfigError(f"the activations between stages are {out.dtype}: parallel pipeline sends "
-                              "float32, float16 or bfloat16 ones")
-        outgoing = Wire(out.shape[-1], out.dtype)
-        code = mx.array([outgoing.width, WIRE_DTYPES.index(out.dtype)], dtype=mx.int32)
+        outgoing = probed_wire(stage, incoming, "the activations between stages",
+                               "parallel pipeline sends")
+        code = mx.array([outgoing.width, WIRE_DTYPES.index(outgoing.dtype)], dtype=mx.int32)
         mx.eval(mx.distributed.send(code, group.rank() + 1, group=group, stream=mx.cpu))
     return incoming, outgoing
 
