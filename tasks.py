@@ -23,6 +23,7 @@ from mlxcluster.check import doctor as checkup
 from mlxcluster.describe.cluster import recorded
 from mlxcluster.jobs import everywhere, flags, restarts
 from mlxcluster.jobs import fuse as fusing
+from mlxcluster.jobs import plan as planning
 from mlxcluster.jobs import serve as serving
 from mlxcluster.jobs import train as train_job
 from mlxcluster.jobs.flags import SHARED_HELP, Flags, choice, helps, real, task, whole
@@ -113,8 +114,9 @@ def model_fetch(c, source=inputs.DEFAULT_MODEL, output=None, dtype=None, dequant
     backend="auto (default: jaccl on a full mesh of cables with RDMA, then jaccl-ring, ring, "
             "mpi on a bridge; says why), mpi, ring, jaccl or jaccl-ring",
     btl_tcp_links=whole("TCP connections per peer for Open MPI (btl_tcp_links)", None, 1, 64),
-    parallel=choice("data (default: a whole model per rank), tensor (each rank a shard of every layer) "
-                    "or pipeline (each rank a stage of whole layers)", MODES),
+    parallel=choice("data (default: a whole model per rank), tensor (each rank a shard of every layer), "
+                    "pipeline (each rank a stage of whole layers) or auto (the layout invoke plan picks)",
+                    (*MODES, planning.AUTO)),
     resume="Continue an interrupted run from its latest checkpoint: --resume (the latest "
            "unfinished run in runs/) or --resume=RUN_ID; its data, model and settings are kept",
     max_restarts=whole("After a node's fault (killed, frozen, lost), leave it out and restart from the "
@@ -132,6 +134,18 @@ def train(c, inventory=None, config=None, data=None, model=None, iters=None, bat
         parallel=parallel, resume=resume, dry_run=dry_run, max_restarts=max_restarts, min_nodes=min_nodes))
     if results:
         runs.print_summary(results, _inventory(c, inventory))
+
+
+@task(flags=Flags(
+    "inventory", "config", "data", "extra",
+    model="Model directory on the controller (default: the model provisioning installed, else SmolLM2)",
+    batch_size=whole("GLOBAL batch size (default: the config's)"),
+    json="Print the plan as JSON instead of tables"))
+def plan(c, inventory=None, config=None, data=None, model=None, batch_size=None, extra="", json_=False):
+    """Will it fit, and how: each layout's memory per node at its peak, the pick and why, the
+    largest batch and longest sequence each fits, the pick's peak per rank term by term."""
+    planning.run(recorded(_inventory(c, inventory)), Options(
+        config=config, data=data, model=model, batch_size=batch_size, extra=extra), as_json_output=json_)
 
 
 @task(help=helps("inventory", "interface", "dry_run",
@@ -262,7 +276,7 @@ def lab_limit(c, node, id=None, cpu=None, memory=None, off=False):
                            limits.parse_memory(memory) if memory else None, off))
 
 
-ns = Collection(provision, hostfile, topology, doctor, train, run, serve, fuse, generate, lint, test,
+ns = Collection(provision, hostfile, topology, doctor, plan, train, run, serve, fuse, generate, lint, test,
                 Collection("lab", lab_up, lab_down, lab_status, lab_limit),
                 Collection.from_module(bench_tasks, name="bench"),
                 Collection("data", data_prepare), Collection("model", model_fetch))

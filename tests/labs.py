@@ -6,8 +6,8 @@ tests/cluster not named runs on the cluster lab after them, in file order):
   adds a fourth node), test_restarts.py trains on the three provisioned nodes (the fourth stopped,
   then back), and test_train_links.py cables them in a ring;
 - the training lab, two nodes of its own provisioned once (tests/cluster/conftest.py's
-  `provisioned`): test_docs.py's dry runs, then test_run_job.py and test_train.py, which stops node2
-  for good last.
+  `provisioned`): test_docs.py's dry runs, then test_run_job.py, test_benches.py, test_plan.py and
+  test_train.py, which stops node2 for good last.
 The stand-in Macs (tests/contract) and the molecule scenarios have labs of their own. Each group's
 tests share a lab, so they stay together on one worker, in their order, and the groups run side by
 side (LabScheduling in tests/conftest.py). A unit test module is a group of its own: its module
@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 
 LABS = {"cluster": ("test_site.py", "test_restarts.py", "test_train_links.py"),
-        "training": ("test_docs.py", "test_run_job.py", "test_benches.py", "test_train.py")}
+        "training": ("test_docs.py", "test_run_job.py", "test_benches.py", "test_plan.py", "test_train.py")}
 MOLECULE_MODULE = "test_molecule.py"
 
 

@@ -28,6 +28,7 @@ from mlxcluster.describe.cluster import Cluster, Node, Recorded, hostfile_entrie
 from mlxcluster.errors import UserError
 from mlxcluster.launch import builder, remote, stages
 from mlxcluster.launch import parallel as parallel_modes
+from mlxcluster.plan import model as model_files
 from mlxcluster.provision import inputs
 
 PROBE = Path(__file__).with_name("probe.py")
@@ -463,7 +464,7 @@ def run(rec: Recorded, model: str | None, as_json: bool = False, parallel: str =
     start = time.perf_counter()
     model_dir = Path(model) if model else inputs.checked_model(rec.cluster)
     gathered = gather(rec.cluster)
-    found = room.weights(model_dir, by_layer=True) if parallel == "pipeline" else None
+    found = model_files.weights(model_dir, by_layer=True) if parallel == "pipeline" else None
     sized = stages.for_doctor(rec.cluster, model_dir, parallel, memory_of(gathered), found and found.body)
     need = room.for_run(rec.cluster, model_dir, parallel=parallel, stages=sized)
     checks = diagnose(rec.cluster, rec.rendered_hostfile, need, gathered=gathered)

@@ -18,9 +18,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlxcluster.check import probe, room
+from mlxcluster.check import probe
 from mlxcluster.errors import Interrupted, UserError, reason
 from mlxcluster.launch import runs
+from mlxcluster.plan import model as model_files
 from training.model import quantization
 
 # Stock mlx_lm fuse holds the model as loaded, its fused layers and what it writes: about the model
@@ -88,7 +89,7 @@ def plan(options: Options, available: int | None = None, disk_free: int | None =
         raise FuseError(f"{output} already exists: remove it, or pass --output <a new folder>")
     if not output.parent.is_dir():
         raise FuseError(f"--output {output}: its folder {output.parent} does not exist")
-    weights = room.weights(model)
+    weights = model_files.weights(model)
     stored = weights.stored if weights else sum(f.stat().st_size for f in model.glob("*.safetensors"))
     written = weights.dequantized if (weights and options.dequantize) else stored
     gguf = output / "model.gguf" if options.gguf else None

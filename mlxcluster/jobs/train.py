@@ -23,6 +23,7 @@ from mlxcluster.check import doctor, faults, room
 from mlxcluster.check.faults import TrainFailed
 from mlxcluster.describe.cluster import Cluster, Recorded, recorded
 from mlxcluster.errors import Interrupted, shown
+from mlxcluster.jobs import plan as planning
 from mlxcluster.jobs import restarts
 from mlxcluster.jobs.request import Options, Request, request_for, resumed
 from mlxcluster.launch import (
@@ -40,6 +41,8 @@ from mlxcluster.launch import (
 )
 from mlxcluster.launch import settings as run_settings
 from mlxcluster.paths import REPO, RUNS
+from mlxcluster.plan import model as model_files
+from mlxcluster.plan import of_run
 from mlxcluster.provision import inputs, preview
 from training.config import FinetuneConfig
 from training.model import quantization
@@ -67,6 +70,7 @@ class Plan:
     pipeline_stages: stages.Stages | None = None  # the layout's (None: the settings' own, or equal)
     notices: tuple[str, ...] = ()  # what the run says of itself before it starts: backend, shares, split
     record: Mapping[str, Any] = field(default_factory=dict)  # run.json's fields known before launch
+    planned_peaks: tuple[int, ...] = ()  # each rank's, as mlxcluster/plan/of_run.py plans them
 
     @property
     def dequantize_ranks(self) -> tuple[int, ...]:
@@ -161,7 +165,7 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
 
 def model_body(model: Path) -> stages.Body | None:
     """The model's bytes by layer, from its safetensors headers (None: not here, or not by layer)."""
-    found = room.weights(model, by_layer=True)
+    found = model_files.weights(model, by_layer=True)
     return found.body if found else None
 
 
@@ -384,6 +388,9 @@ def execute(plan: Plan) -> Path:
                           f"{runs.resume_hint(plan.results)}")
     if plan.shares and plan.shares.step_times:
         runs.add_step_times(plan.results, plan.shares.step_times)
+    if plan.planned_peaks:  # how good the plan was, rank by rank
+        runs.add_to_summary(plan.results, lambda summary: {
+            "ranks": of_run.ranks_record(plan.cluster, plan.planned_peaks, summary)})
     if not (plan.results / "loss.png").exists():
         # Nodes need no matplotlib: the controller draws the plot from the metrics.
         local.python_module("training.loop.report", [str(plan.results)])
@@ -412,6 +419,7 @@ def train(inventory: str, options: Options) -> Path | None:
     layout, left_out = restarts.layout(rec, dry_run=options.dry_run)  # a dry run checks no node
     notes += left_out
     policy.check_start(layout, rec.cluster)
+    options = planning.resolved(layout, rec, options, probe=not options.dry_run)  # --parallel auto
     request = request_for(rec, options, fetch=not options.dry_run and not resume_run)
     if options.dry_run:  # it names the run it would start, and takes nothing
         the_plan = plan(layout, request, run_id=resume_run or runs.new_id(),
@@ -424,8 +432,9 @@ def train(inventory: str, options: Options) -> Path | None:
                else runs.released_if_unstarted(runs.claim_id()))
     with claimed as run_id:
         probed = probe_for_stages(layout, request, resume=resume_run is not None)
-        the_plan = plan(layout, request, run_id=run_id, resume=resume_run is not None,
-                        inventory=rec.inventory, memory=doctor.memory_of(probed) if probed else None)
+        the_plan = with_planned_peaks(plan(layout, request, run_id=run_id, resume=resume_run is not None,
+                                           inventory=rec.inventory,
+                                           memory=doctor.memory_of(probed) if probed else None))
         preflight(the_plan, probed)
     return restarts.run_with_restarts(
         the_plan, execute, policy,
@@ -440,14 +449,27 @@ def probe_for_stages(cluster: Cluster, request: Request, resume: bool = False) -
     return doctor.gather(cluster) if sizes else None
 
 
+def with_planned_peaks(the_plan: Plan) -> Plan:
+    """The plan with each rank's planned peak under its own layout (mlxcluster/plan/of_run.py), which
+    the preflight judges and summary.json keeps beside the measured ones."""
+    shares, sized = the_plan.shares, the_plan.pipeline_stages
+    peaks = of_run.planned_peaks(the_plan.cluster, the_plan.settings, the_plan.request.model,
+                                 the_plan.request.data, shares=shares.shares if shares else None,
+                                 limits=shares.limits if shares else None,
+                                 stages=sized.counts if sized else None)
+    return dataclasses.replace(the_plan, planned_peaks=tuple(t.total for t in peaks or ()))
+
+
 def preflight(the_plan: Plan, probed: Mapping[str, Any] | None = None) -> None:
     """The checks of the nodes a plan launches on (on `probed`, when the plan probed them), with
-    the memory and disk its model needs: a pipeline stage's as the plan's settings give them."""
+    the memory and disk its model needs: each rank's planned peak where the plan has them, else a
+    pipeline stage's weights as the plan's settings give them."""
     cluster, request, settings = the_plan.cluster, the_plan.request, the_plan.settings
     counts = pipeline_layer_counts(settings) if settings.parallel == "pipeline" else None
     doctor.preflight(cluster, room.for_run(cluster, request.model, parallel=request.parallel,
                                            dequantize_ranks=the_plan.dequantize_ranks, stages=counts,
-                                           stage_count=pipeline_stage_count(settings, cluster.world_size)),
+                                           stage_count=pipeline_stage_count(settings, cluster.world_size),
+                                           peaks=the_plan.planned_peaks or None),
                      probed)
 
 

@@ -11,7 +11,7 @@ import contextlib
 import datetime as dt
 import itertools
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -88,16 +88,28 @@ def recorded_path(results: Path, info: dict[str, Any], key: str) -> str:
     return value
 
 
-def add_step_times(run: Path, times: Sequence[float]) -> None:
-    """Put what only the controller knows into the summary the ranks wrote: each rank's expected
-    time for its part of a step, relative to the fastest rank's (from the weights it split by)."""
+def add_to_summary(run: Path, fields: Callable[[dict[str, Any]], Mapping[str, Any]]) -> None:
+    """Put what only the controller knows into the summary the ranks wrote: the `fields` made from
+    it, written aside and renamed into place."""
     path = run / "summary.json"
     summary = json.loads(path.read_text())
-    for rank, time in zip(summary.get("batch", {}).get("ranks", []), times, strict=False):
-        rank["expected_step_time"] = round(time, 3)
+    summary.update(fields(summary))
     partial = path.with_name(".summary.json.partial")
     partial.write_text(json.dumps(summary, indent=2) + "\n")
     partial.replace(path)
+
+
+def add_step_times(run: Path, times: Sequence[float]) -> None:
+    """Each rank's expected time for its part of a step, relative to the fastest rank's (from the
+    weights it split by), into the summary's batch ranks."""
+
+    def timed(summary: dict[str, Any]) -> dict[str, Any]:
+        batch = summary.get("batch", {})
+        for rank, time in zip(batch.get("ranks", []), times, strict=False):
+            rank["expected_step_time"] = round(time, 3)
+        return {"batch": batch} if batch else {}
+
+    add_to_summary(run, timed)
 
 
 def latest_checkpoint(results: Path) -> int | None:

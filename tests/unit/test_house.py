@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 # mlxcluster's rooms, bottom up. The basics at its top (errors, paths, local) are under every
 # room; devtools (invoke lint and test) is above them all.
-FLOORS = ["describe", "provision", "launch", "check", "jobs", "lab", "bench"]
+FLOORS = ["describe", "provision", "launch", "plan", "check", "jobs", "lab", "bench"]
 BASICS = {"mlxcluster.errors", "mlxcluster.paths", "mlxcluster.local"}
 TOP_OF_HOUSE = {"mlxcluster.devtools"}
 MAX_TOP = {"mlxcluster": 6, "training": 8}
@@ -161,6 +161,7 @@ TESTED_THROUGH = {
     "mlxcluster/launch/remote.py": "tests/unit/mlxcluster/launch/test_builder.py",
     "mlxcluster/launch/sync.py": "mlxcluster/jobs/everywhere.py",
     "mlxcluster/jobs/request.py": "mlxcluster/jobs/train.py",
+    "mlxcluster/plan/job.py": "tests/unit/mlxcluster/plan/test_memory.py",
     "mlxcluster/lab/__main__.py": "mlxcluster/lab/hosts.py",
     "mlxcluster/lab/system.py": "mlxcluster/lab/hosts.py",
     "mlxcluster/bench/calibrate.py": "tests/unit/mlxcluster/launch/test_batch_shares.py",

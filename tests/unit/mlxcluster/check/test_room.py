@@ -14,6 +14,8 @@ from mlx.utils import tree_flatten
 from mlx_lm import load
 
 from mlxcluster.check import doctor, room
+from mlxcluster.launch.stages import Body
+from mlxcluster.plan import model as model_files
 from tests.unit.mlxcluster.check.test_doctor import HOSTFILE, cluster, healthy
 from training.model import quantization, stand_in
 
@@ -32,7 +34,7 @@ def parameter_bytes(model) -> int:
 def test_the_float_size_of_a_quantized_folder_is_what_a_dequantizing_rank_holds(tmp_path: Path, per_layer):
     stand_in.make(tmp_path / "float")
     stand_in.make(tmp_path / "q", quantized=True, per_layer=per_layer)
-    found = room.weights(tmp_path / "q")
+    found = model_files.weights(tmp_path / "q")
     assert found is not None and found.quantized
     assert found.stored == (tmp_path / "q" / "model.safetensors").stat().st_size
     model, _ = load(str(tmp_path / "q"))
@@ -47,18 +49,18 @@ def test_the_float_size_of_a_quantized_folder_is_what_a_dequantizing_rank_holds(
 def test_a_float_folder_is_its_size_on_disk_and_a_folder_without_weights_is_not_known(tmp_path: Path):
     stand_in.make(tmp_path / "float")
     size = (tmp_path / "float" / "model.safetensors").stat().st_size
-    assert room.weights(tmp_path / "float") == room.Weights(size, size, quantized=False)
-    assert room.weights(tmp_path / "missing") is None
+    assert model_files.weights(tmp_path / "float") == model_files.Weights(size, size, quantized=False)
+    assert model_files.weights(tmp_path / "missing") is None
     (tmp_path / "hub-id").mkdir()
-    assert room.weights(tmp_path / "hub-id") is None
+    assert model_files.weights(tmp_path / "hub-id") is None
     # A quantized folder whose weights cannot be read counts as its size on disk (its ranks say why).
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "model.safetensors").write_bytes(b"x" * 1000)
     (tmp_path / "broken" / "config.json").write_text(json.dumps({"quantization": {"bits": 4}}))
-    assert room.weights(tmp_path / "broken") == room.Weights(1000, 1000, quantized=True)
+    assert model_files.weights(tmp_path / "broken") == model_files.Weights(1000, 1000, quantized=True)
 
 
-Q4 = room.Weights(stored=GIB, dequantized=4 * GIB, quantized=True)  # node1 has 2 ranks, node2 1
+Q4 = model_files.Weights(stored=GIB, dequantized=4 * GIB, quantized=True)  # node1 has 2 ranks, node2 1
 
 
 def test_each_node_needs_what_its_ranks_hold_whole_or_split_quantized_or_dequantized():
@@ -79,13 +81,13 @@ def test_each_node_needs_what_its_ranks_hold_whole_or_split_quantized_or_dequant
     assert partly.memory["node1"] == 7.5 * GIB
     assert partly.held["node1"] == "the whole model on 2 ranks, dequantized on 1 of them"
     # A float model has nothing to dequantize, whatever the ranks asked.
-    float_model = room.Weights(GIB, GIB, quantized=False)
+    float_model = model_files.Weights(GIB, GIB, quantized=False)
     assert room.need(cluster(), float_model, dequantize_ranks=[0, 1, 2]).memory == data.memory
 
 
 def test_the_inventory_s_model_dequantize_is_counted_unless_the_run_names_the_ranks(tmp_path: Path):
     stand_in.make(tmp_path / "q", quantized=True)
-    found = room.weights(tmp_path / "q")
+    found = model_files.weights(tmp_path / "q")
     assert found is not None
     nodes = tuple(dataclasses.replace(n, model_dequantize=n.name == "node2") for n in cluster().nodes)
     asking = dataclasses.replace(cluster(), nodes=nodes)
@@ -128,13 +130,13 @@ def test_a_pipeline_stage_needs_its_layers_bytes_and_its_edges(tmp_path: Path):
     """Read from the headers: the first stage holds the embeddings, the last the norm and (the
     head being tied here) the embeddings too; stages of 4, 1 and 1 of 6 layers."""
     stand_in.make(tmp_path / "six", num_hidden_layers=6)
-    found = room.weights(tmp_path / "six", by_layer=True)
+    found = model_files.weights(tmp_path / "six", by_layer=True)
     assert found is not None and found.body is not None
-    tensors = room.headers([tmp_path / "six" / "model.safetensors"])
+    tensors = model_files.headers([tmp_path / "six" / "model.safetensors"])
     layer = [sum(t.bytes for n, t in tensors.items() if n.startswith(f"model.layers.{i}.")) for i in range(6)]
     embeddings = tensors["model.embed_tokens.weight"].bytes
     norm = tensors["model.norm.weight"].bytes
-    assert found.body == room.Body(tuple(layer), embeddings, norm, tied=True)
+    assert found.body == Body(tuple(layer), embeddings, norm, tied=True)
     whole = sum(layer) + embeddings + norm
     stages = room.for_run(cluster(), tmp_path / "six", parallel="pipeline", stages=[4, 1, 1])
     assert stages is not None
@@ -163,18 +165,18 @@ def test_stages_fitted_to_the_bytes_count_the_embeddings_and_head_on_the_edge_st
 
     # 12 layers of 1 GB, embeddings and head of 3 GB each, three equal Macs: dealt by layers the edge
     # stages hold 7 GB and the middle one 4; fitted, every stage 6.
-    body = room.Body((GIB,) * 12, 3 * GIB, 3 * GIB, tied=False)
+    body = Body((GIB,) * 12, 3 * GIB, 3 * GIB, tied=False)
     assert stages.fitted(body, [1.0, 1.0, 1.0]) == [3, 6, 3]
     assert body.stage_bytes([3, 6, 3]) == [6 * GIB] * 3 and max(body.stage_bytes([4, 4, 4])) == 7 * GIB
     # A tied head: the last stage holds the embeddings too.
-    tied = room.Body((GIB,) * 12, 3 * GIB, 0, tied=True)
+    tied = Body((GIB,) * 12, 3 * GIB, 0, tied=True)
     assert stages.fitted(tied, [1.0, 1.0]) == [6, 6]
     # Uneven Macs, no edges: the layers' deal by memory; the fullest stage as little full as can be.
-    plain = room.Body((GIB,) * 30, 0, 0, tied=False)
+    plain = Body((GIB,) * 30, 0, 0, tied=False)
     assert stages.fitted(plain, [192.0, 64.0, 64.0]) == [18, 6, 6]
     # Uneven layers (a wide one in the middle), every stage at least one layer.
-    assert stages.fitted(room.Body((1, 1, 8, 1, 1), 0, 0, tied=False), [1.0, 1.0, 1.0]) == [2, 1, 2]
-    assert stages.fitted(room.Body((5,) * 4, 100, 0, tied=True), [1.0] * 4) == [1, 1, 1, 1]
+    assert stages.fitted(Body((1, 1, 8, 1, 1), 0, 0, tied=False), [1.0, 1.0, 1.0]) == [2, 1, 2]
+    assert stages.fitted(Body((5,) * 4, 100, 0, tied=True), [1.0] * 4) == [1, 1, 1, 1]
 
 
 def test_replicas_of_the_stages_need_their_stage_s_share_wherever_their_ranks_are():
@@ -194,7 +196,7 @@ def test_replicas_of_the_stages_need_their_stage_s_share_wherever_their_ranks_ar
 def test_stages_sized_from_the_memory_the_preflight_counts_pass_it_where_equal_ones_do_not():
     from mlxcluster.launch import stages
 
-    six = room.Weights(6 * GIB, 6 * GIB, quantized=False, body=room.Body((GIB,) * 6, 0, 0, tied=False))
+    six = model_files.Weights(6 * GIB, 6 * GIB, quantized=False, body=Body((GIB,) * 6, 0, 0, tied=False))
     gathered = healthy()
     gathered["nodes"]["node1"]["memory"]["available"] = 12 * GIB  # 6 a rank
     gathered["nodes"]["node2"]["memory"]["available"] = int(2.5 * GIB)

@@ -138,10 +138,8 @@ def test_replicas_of_the_stages_size_each_stage_by_its_smallest_replica():
 
 
 def test_with_the_model_s_bytes_by_layer_the_edge_stages_hold_fewer_layers():
-    from mlxcluster.check import room
-
     # 30 layers of 1 GB, embeddings and head of 6 GB each, on three Macs of 64 GB: 8, 14 and 8.
-    body = room.Body((GB,) * 30, 6 * GB, 6 * GB, tied=False)
+    body = stages.Body((GB,) * 30, 6 * GB, 6 * GB, tied=False)
     equal = {n: 64 * GB for n in THREE}
     sized = stages.for_run(layout(THREE), PIPELINE, THIRTY, equal, body=body)
     assert sized is not None and sized.counts == (8, 14, 8)

@@ -1,0 +1,64 @@
+"""The plan of one run as it launches: each rank's peak under the run's own layout (its parallelism,
+its shares, its stages), which the memory preflight judges and summary.json keeps beside the peak
+each rank measured (`ranks`), so that every run says how good its plan was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from mlxcluster.describe.cluster import Cluster
+from mlxcluster.plan import ranks
+from mlxcluster.plan.job import compiled_on, job_for
+from mlxcluster.plan.memory import Terms
+from mlxcluster.plan.ranks import Layout
+from training.config import FinetuneConfig
+from training.data import shares as share_rules
+from training.parallel_rules import pipeline_layer_counts, pipeline_micro_batches, pipeline_stage_count
+
+
+def layout_of(settings: FinetuneConfig, world: int, shares: Sequence[int] | None,
+              limits: Sequence[int] | None, stages: Sequence[int] | None) -> Layout:
+    """The layout a run's settings and its controller-given shares and stages make."""
+    if settings.parallel == "pipeline" and world > 1:
+        count = pipeline_stage_count(settings, world)
+        layers = tuple(stages or pipeline_layer_counts(settings) or ())
+        replicas = world // count
+        equal = tuple(share_rules.split(settings.batch_size, [1.0] * replicas)) if replicas > 1 else ()
+        given = tuple(shares or ()) or equal
+        return Layout("pipeline", given, stages=layers, micro_batches=pipeline_micro_batches(settings, count))
+    if settings.parallel == "tensor" and world > 1:
+        return Layout("tensor")
+    return Layout("data", tuple(shares or ()), tuple(limits or ()))
+
+
+def planned_peaks(cluster: Cluster, settings: FinetuneConfig, model: Path, data: Path | None, *,
+                  shares: Sequence[int] | None = None, limits: Sequence[int] | None = None,
+                  stages: Sequence[int] | None = None) -> list[Terms] | None:
+    """Each rank's planned peak, in rank order (None: the model's files are not on the controller,
+    or a pipeline whose stages are not known here, as when the model's layers are not)."""
+    job = job_for(settings, model, data, compiled=compiled_on(cluster))
+    if job is None:
+        return None
+    layout = layout_of(settings, cluster.world_size, shares, limits, stages)
+    if layout.parallel == "pipeline" and not layout.stages:
+        count = pipeline_stage_count(settings, cluster.world_size)
+        equal = tuple(share_rules.split(job.shape.layers, [1.0] * count))
+        layout = Layout("pipeline", layout.shares, stages=equal, micro_batches=layout.micro_batches)
+    return ranks.peaks(job, layout, cluster.world_size)
+
+
+def ranks_record(cluster: Cluster, planned: Sequence[int],
+                 summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """summary.json's `ranks`: each rank's node, planned and measured peak (bytes), and step time
+    (seconds: the run's training time over its steps, which every rank takes together; planned:
+    not yet, None)."""
+    measured = summary.get("peak_memory_gb_per_rank") or []
+    steps = (summary.get("iterations") or 0) - (summary.get("resumed_from_step") or 0)
+    step_s = round(summary["train_time"] / steps, 4) if steps > 0 and summary.get("train_time") else None
+    return [{"rank": rank, "node": node, "planned_peak_bytes": planned[rank] if rank < len(planned) else None,
+             "peak_bytes": round(measured[rank] * 1e9) if rank < len(measured) else None,
+             "planned_step_s": None, "step_s": step_s}
+            for rank, node in enumerate(cluster.rank_nodes())]
