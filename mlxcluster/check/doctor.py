@@ -29,6 +29,7 @@ from mlxcluster.errors import UserError
 from mlxcluster.launch import builder, remote, stages
 from mlxcluster.launch import parallel as parallel_modes
 from mlxcluster.plan import model as model_files
+from mlxcluster.plan import of_run
 from mlxcluster.provision import inputs
 
 PROBE = Path(__file__).with_name("probe.py")
@@ -458,15 +459,17 @@ def report(checks: Sequence[Check], cluster: Cluster, seconds: float, *, as_json
 
 def run(rec: Recorded, model: str | None, as_json: bool = False, parallel: str = "data") -> None:
     """invoke doctor: every check of the recorded cluster, reported; the memory and disk checks
-    against `model` (default: the provisioned or embedded model) as a run in `parallel` mode would
-    hold it, dequantized on the nodes whose inventory says model_dequantize."""
+    against `model` (default: the provisioned or embedded model) as the default settings' run in
+    `parallel` mode would peak (mlxcluster/plan/), dequantized on the nodes whose inventory says
+    model_dequantize."""
     parallel_modes.flags(parallel)  # refuses another word
     start = time.perf_counter()
     model_dir = Path(model) if model else inputs.checked_model(rec.cluster)
     gathered = gather(rec.cluster)
     found = model_files.weights(model_dir, by_layer=True) if parallel == "pipeline" else None
     sized = stages.for_doctor(rec.cluster, model_dir, parallel, memory_of(gathered), found and found.body)
-    need = room.for_run(rec.cluster, model_dir, parallel=parallel, stages=sized)
+    peaks = of_run.default_run_peaks(rec.cluster, model_dir, parallel, sized)  # the default run's
+    need = room.for_run(rec.cluster, model_dir, parallel=parallel, stages=sized, peaks=peaks)
     checks = diagnose(rec.cluster, rec.rendered_hostfile, need, gathered=gathered)
     checks += left_out(drained.read(rec.build).values(), checks)
     report(checks, rec.cluster, time.perf_counter() - start, as_json=as_json)

@@ -47,9 +47,12 @@ def venv_versions(venv: str) -> dict[str, Any]:
         "from importlib.metadata import distributions, version\n"
         "import mlx.core as mx\n"
         "packages = {d.metadata['Name'].lower().replace('_', '-'): d.version for d in distributions()}\n"
+        # What Metal lets MLX's GPU hold at once (macOS wires at most this: iogpu.wired_limit_mb).
+        "info = getattr(mx, 'device_info', None) or mx.metal.device_info\n"
+        "gpu = info().get('max_recommended_working_set_size') if mx.metal.is_available() else None\n"
         "print(json.dumps({'python': platform.python_version(), 'mlx': version('mlx'),"
         " 'mlx_lm': version('mlx-lm'), 'distributed': mx.distributed.is_available(),"
-        " 'packages': packages}))")],
+        " 'gpu_limit': gpu, 'packages': packages}))")],
         timeout=60)
     if code != 0:
         return {"error": out.splitlines()[-1] if out else f"exit {code}"}
@@ -195,7 +198,7 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
             "venv": versions.result(),
             "hostfile": read(os.path.join(root, "hostfile")),
             "interfaces": {name: interface(name) for name in args["interfaces"]},
-            "memory": memory_bytes(),
+            "memory": {**memory_bytes(), "gpu_limit": versions.result().get("gpu_limit")},
             "disk_free": disk_free(root),
             "ssh": ssh,
             **({"macos": macos_links(args["macos_links"])} if args.get("macos_links") else {}),

@@ -138,10 +138,13 @@ def for_run(cluster: Cluster, model_dir: Path, *, parallel: str = "data",
 def free_memory(memory: Mapping[str, int | None]) -> int | None:
     """What a node's memory can give a run, from its probe (mlxcluster/check/probe.py's
     memory_bytes): its available memory, already the control group's room where a limit is
-    lower. The preflight compares a node's need with this, and pipeline stages are sized by it
-    (mlxcluster/launch/stages.py), so that the two agree."""
-    available = memory.get("available")
-    return available if isinstance(available, int) and not isinstance(available, bool) else None
+    lower, and at most what Metal lets MLX's GPU hold on a Mac (its recommended working set: macOS
+    wires about 75 % of the RAM by default, iogpu.wired_limit_mb more). The preflight compares a
+    node's need with this, and pipeline stages are sized by it (mlxcluster/launch/stages.py), so
+    that the two agree."""
+    known = [value for value in (memory.get("available"), memory.get("gpu_limit"))
+             if isinstance(value, int) and not isinstance(value, bool)]
+    return min(known) if isinstance(memory.get("available"), int) and known else None
 
 
 def largest(needs: Iterable[Need | None]) -> Need | None:

@@ -6,8 +6,10 @@ term by term. `invoke train --parallel auto` follows the same plan (`for_request
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -130,8 +132,11 @@ def render(plan: Plan, cluster: Cluster) -> None:
 
 def run(rec: Recorded, options: Options, *, as_json_output: bool = False) -> Plan:
     """invoke plan: the request as invoke train would read it, planned on the nodes' free memory."""
-    request = request_for(rec, options, fetch=True)
-    plan = for_request(rec.cluster, request, free_memory(rec.cluster))
+    # With --json, stdout is the plan alone: what fetching the model or preparing the data says goes
+    # to stderr.
+    with contextlib.redirect_stdout(sys.stderr) if as_json_output else contextlib.nullcontext():
+        request = request_for(rec, options, fetch=True)
+        plan = for_request(rec.cluster, request, free_memory(rec.cluster))
     if as_json_output:
         print(json.dumps(as_json(plan), indent=2))
     else:

@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from mlxcluster.describe.cluster import Cluster
+from mlxcluster.launch import settings as run_settings
 from mlxcluster.plan import ranks
 from mlxcluster.plan.job import compiled_on, job_for
 from mlxcluster.plan.memory import Terms
 from mlxcluster.plan.ranks import Layout
+from mlxcluster.provision import inputs
 from training.config import FinetuneConfig
 from training.data import shares as share_rules
 from training.parallel_rules import pipeline_layer_counts, pipeline_micro_batches, pipeline_stage_count
@@ -62,3 +64,14 @@ def ranks_record(cluster: Cluster, planned: Sequence[int],
              "peak_bytes": round(measured[rank] * 1e9) if rank < len(measured) else None,
              "planned_step_s": None, "step_s": step_s}
             for rank, node in enumerate(cluster.rank_nodes())]
+
+
+def default_run_peaks(cluster: Cluster, model: Path, parallel: str,
+                      stages: Sequence[int] | None = None) -> list[int] | None:
+    """Each rank's planned peak for the default settings (training/configs/lora.yaml) in `parallel`
+    mode on the demo data where it is prepared (else examples of max_seq_length): what `invoke
+    doctor` checks each node's memory against (None: the model's files are not here)."""
+    settings = run_settings.read(None, ["--parallel", parallel])
+    data = inputs.DEMO_DATA_DIR if (inputs.DEMO_DATA_DIR / "train.jsonl").is_file() else None
+    peaks = planned_peaks(cluster, settings, model, data, stages=stages)
+    return [t.total for t in peaks] if peaks else None

@@ -1,13 +1,15 @@
 """The probe's memory: a control group's limit over the process (a container, a systemd slice, a
-lab node) is what its node has, whatever /proc/meminfo says; v1 and v2 layouts, nested limits."""
+lab node) is what its node has, whatever /proc/meminfo says; v1 and v2 layouts, nested limits; on a
+Mac, at most what Metal lets the GPU hold."""
 
 from __future__ import annotations
 
 import ast
 import subprocess
+import sys
 from pathlib import Path
 
-from mlxcluster.check import probe
+from mlxcluster.check import probe, room
 
 GIB = 2**30
 
@@ -45,3 +47,16 @@ def test_the_probe_as_sent_to_a_node_reports_at_most_its_limit():
                            + "\nprint(memory_bytes())"], capture_output=True, text=True, check=True)
     memory = ast.literal_eval(said.stdout)
     assert 0 < memory["available"] <= memory["total"]
+
+
+def test_the_venv_says_what_metal_lets_the_gpu_hold_and_none_without_metal():
+    # This venv's MLX, as a node's runs it: no Metal on Linux, so no limit beside the memory's.
+    found = probe.venv_versions(str(Path(sys.executable).parent.parent))
+    assert "error" not in found and found["gpu_limit"] is None
+
+
+def test_a_mac_gives_a_run_at_most_what_its_gpu_may_hold():
+    assert room.free_memory({"available": 60 * GIB, "gpu_limit": 48 * GIB}) == 48 * GIB
+    assert room.free_memory({"available": 20 * GIB, "gpu_limit": 48 * GIB}) == 20 * GIB
+    assert room.free_memory({"available": 20 * GIB, "gpu_limit": None}) == 20 * GIB
+    assert room.free_memory({"available": None, "gpu_limit": 48 * GIB}) is None
