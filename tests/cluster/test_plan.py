@@ -64,8 +64,8 @@ def test_the_plan_s_pick_trains_and_each_rank_s_peak_is_within_the_aims(provisio
         assert [r["planned_peak_bytes"] for r in ranks] == [r["total"] for r in data_layout["ranks"]]
         for rank in ranks:
             error = rank["planned_peak_bytes"] / rank["peak_bytes"] - 1
-            print(f"rank {rank['rank']}: planned {rank['planned_peak_bytes']}, measured {rank['peak_bytes']}, "
-                  f"{error:+.3f}")
+            print(f"rank {rank['rank']}: planned {rank['planned_peak_bytes']}, "
+                  f"measured {rank['peak_bytes']}, {error:+.3f}")
             assert -UNDER <= error <= OVER, rank
             assert rank["step_s"] > 0
     finally:
