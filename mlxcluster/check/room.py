@@ -93,9 +93,10 @@ def need(cluster: Cluster, model: Weights, *, parallel: str = "data",
     """What a run with this model needs of each training node, summed over the node's ranks: each
     rank's planned peak (`peaks`, bytes in rank order: mlxcluster/plan/memory.py's accounting of
     the run's settings and data) and its process (PROCESS_BYTES), or without one its weights
-    times MEMORY_FACTOR (the whole model, 1/N of it under tensor parallelism, its stage's share under pipeline parallelism: `stages`, the
-    layers of each stage, of `stage_count` stages (default: one per rank; fewer: rank r holds stage
-    r mod stages, its replicas' ranks alike); float where the rank dequantizes)."""
+    times MEMORY_FACTOR (the whole model, 1/N of it under tensor parallelism, its stage's share
+    under pipeline parallelism: `stages`, the layers of each stage, of `stage_count` stages
+    (default: one per rank; fewer: rank r holds stage r mod stages, its replicas' ranks alike);
+    float where the rank dequantizes)."""
     world = max(cluster.world_size, 1)
     if parallel == "pipeline" and world > 1:
         count = len(stages) if stages else stage_count or world
