@@ -20,7 +20,7 @@ from mlxcluster.describe.cluster import Cluster, Recorded
 from mlxcluster.errors import UserError
 from mlxcluster.jobs.request import Options, Request, request_for
 from mlxcluster.launch import batch_shares, parallel
-from mlxcluster.plan import layouts
+from mlxcluster.plan import layouts, speed
 from mlxcluster.plan.job import compiled_on, job_for
 from mlxcluster.plan.layouts import Fit
 from mlxcluster.plan.ranks import Job
@@ -37,6 +37,7 @@ class Plan:
     picked: Fit | None
     why: str
     limits: Mapping[str, tuple[int | None, int | None]]  # layout name -> (batch, sequence)
+    speeds_from: str | None = None  # where the step times come from (None: no calibration)
 
 
 def _shares(cluster: Cluster, request: Request) -> list[float] | None:
@@ -49,8 +50,10 @@ def _shares(cluster: Cluster, request: Request) -> list[float] | None:
         return None
 
 
-def for_request(cluster: Cluster, request: Request, free: Mapping[str, int | None]) -> Plan:
-    """The plan of this request on this cluster, whose nodes can give `free` bytes each."""
+def for_request(cluster: Cluster, request: Request, free: Mapping[str, int | None],
+                measures: speed.Measures | None = None) -> Plan:
+    """The plan of this request on this cluster, whose nodes can give `free` bytes each; each
+    layout's step time from `measures` (the calibration and bench.links), where there are some."""
     settings = request.settings
     model = request.model
     if not model.exists() and request.model_source and Path(request.model_source).is_dir():
@@ -67,11 +70,20 @@ def for_request(cluster: Cluster, request: Request, free: Mapping[str, int | Non
         if isinstance(layout, tuple):
             refused.append(layout)
         else:
-            fits.append(layouts.fit(cluster, job, layout, free))
+            found = layouts.fit(cluster, job, layout, free)
+            step = speed.step_seconds(job, layout, cluster, found.peaks, measures) if measures else None
+            fits.append(dataclasses.replace(found, step_s=step))
     picked, why = layouts.pick(fits)
     longest = max(settings.max_seq_length, job.shape.positions or 0)
     limits = {f.layout.name: layouts.limits(cluster, job, f.layout, free, longest) for f in fits}
-    return Plan(job, tuple(fits), tuple(refused), picked, why, limits)
+    return Plan(job, tuple(fits), tuple(refused), picked, why, limits, measures.source if measures else None)
+
+
+def measures_of(rec: Recorded, request: Request) -> speed.Measures | None:
+    """The cluster's measures for this request's model and sequence length (None: no calibration)."""
+    calibration = batch_shares.latest_calibration(
+        rec.calibration, batch_shares.calibration_key(request.model, request.settings))
+    return speed.measured(rec.cluster, calibration, inventory=rec.inventory)
 
 
 def free_memory(cluster: Cluster) -> dict[str, int | None]:
@@ -86,8 +98,9 @@ def as_json(plan: Plan) -> dict[str, Any]:
     return {
         "length": plan.job.length, "batch_size": plan.job.batch_size,
         "picked": plan.picked.layout.name if plan.picked else None, "why": plan.why,
+        "step_times_from": plan.speeds_from,
         "layouts": [{"name": f.layout.name, "parallel": f.layout.parallel, "stages": list(f.layout.stages),
-                     "fits": f.fits, "need": dict(f.need), "free": dict(f.free),
+                     "fits": f.fits, "need": dict(f.need), "free": dict(f.free), "step_s": f.step_s,
                      "largest_batch": plan.limits[f.layout.name][0],
                      "longest_sequence": plan.limits[f.layout.name][1],
                      "ranks": [{"rank": r, **asdict(t), "total": t.total} for r, t in enumerate(f.peaks)]}
@@ -108,14 +121,15 @@ def render(plan: Plan, cluster: Cluster) -> None:
     nodes = [n.name for n in cluster.training_nodes]
     table = Table(title=f"layouts: batch {plan.job.batch_size} of {plan.job.length} tokens per row "
                         "(GB at the peak / free)", title_justify="left")
-    for column in ("layout", *nodes, "fits", "largest batch", "longest sequence"):
+    for column in ("layout", *nodes, "fits", "step (s)", "largest batch", "longest sequence"):
         table.add_column(column)
     for f in plan.fits:
         batch, length = plan.limits[f.layout.name]
         table.add_row(f.layout.name, *(f"{_gb(f.need[n])} / {_gb(f.free.get(n))}" for n in nodes),
-                      "yes" if f.fits else "no", str(batch or "-"), str(length or "-"))
+                      "yes" if f.fits else "no", "?" if f.step_s is None else f"{f.step_s:.2f}",
+                      str(batch or "-"), str(length or "-"))
     for name, why in plan.refused:
-        table.add_row(name, *(["-"] * len(nodes)), f"no: {why}", "-", "-")
+        table.add_row(name, *(["-"] * len(nodes)), f"no: {why}", "-", "-", "-")
     console.print(table)
     if plan.picked:
         terms = Table(title=f"{plan.picked.layout.name}: each rank's peak, term by term (GB)",
@@ -127,6 +141,8 @@ def render(plan: Plan, cluster: Cluster) -> None:
             terms.add_row(name, *(_gb(t.named()[index][1]) for t in plan.picked.peaks))
         terms.add_row("total", *(_gb(t.total) for t in plan.picked.peaks))
         console.print(terms)
+    console.print(f"step times: {plan.speeds_from}" if plan.speeds_from else
+                  "step times: ? (no calibration of this model and max_seq_length: invoke bench.calibrate)")
     console.print(f"pick: {plan.picked.layout.name if plan.picked else 'none'} ({plan.why})")
 
 
@@ -136,7 +152,7 @@ def run(rec: Recorded, options: Options, *, as_json_output: bool = False) -> Pla
     # to stderr.
     with contextlib.redirect_stdout(sys.stderr) if as_json_output else contextlib.nullcontext():
         request = request_for(rec, options, fetch=True)
-        plan = for_request(rec.cluster, request, free_memory(rec.cluster))
+        plan = for_request(rec.cluster, request, free_memory(rec.cluster), measures_of(rec, request))
     if as_json_output:
         print(json.dumps(as_json(plan), indent=2))
     else:

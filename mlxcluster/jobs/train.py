@@ -70,7 +70,7 @@ class Plan:
     pipeline_stages: stages.Stages | None = None  # the layout's (None: the settings' own, or equal)
     notices: tuple[str, ...] = ()  # what the run says of itself before it starts: backend, shares, split
     record: Mapping[str, Any] = field(default_factory=dict)  # run.json's fields known before launch
-    planned_peaks: tuple[int, ...] = ()  # each rank's, as mlxcluster/plan/of_run.py plans them
+    planned: of_run.Planned | None = None  # each rank's peak and a step's time, as of_run.py plans them
 
     @property
     def dequantize_ranks(self) -> tuple[int, ...]:
@@ -388,9 +388,9 @@ def execute(plan: Plan) -> Path:
                           f"{runs.resume_hint(plan.results)}")
     if plan.shares and plan.shares.step_times:
         runs.add_step_times(plan.results, plan.shares.step_times)
-    if plan.planned_peaks:  # how good the plan was, rank by rank
+    if plan.planned:  # how good the plan was, rank by rank
         runs.add_to_summary(plan.results, lambda summary: {
-            "ranks": of_run.ranks_record(plan.cluster, plan.planned_peaks, summary)})
+            "ranks": of_run.ranks_record(plan.cluster, plan.planned, summary)})
     if not (plan.results / "loss.png").exists():
         # Nodes need no matplotlib: the controller draws the plot from the metrics.
         local.python_module("training.loop.report", [str(plan.results)])
@@ -450,14 +450,14 @@ def probe_for_stages(cluster: Cluster, request: Request, resume: bool = False) -
 
 
 def with_planned_peaks(the_plan: Plan) -> Plan:
-    """The plan with each rank's planned peak under its own layout (mlxcluster/plan/of_run.py), which
-    the preflight judges and summary.json keeps beside the measured ones."""
+    """The plan with each rank's planned peak and a step's time under its own layout
+    (mlxcluster/plan/of_run.py), which the preflight judges and summary.json keeps beside the
+    measured ones."""
     shares, sized = the_plan.shares, the_plan.pipeline_stages
-    peaks = of_run.planned_peaks(the_plan.cluster, the_plan.settings, the_plan.request.model,
-                                 the_plan.request.data, shares=shares.shares if shares else None,
-                                 limits=shares.limits if shares else None,
-                                 stages=sized.counts if sized else None)
-    return dataclasses.replace(the_plan, planned_peaks=tuple(t.total for t in peaks or ()))
+    return dataclasses.replace(the_plan, planned=of_run.plan_run(
+        the_plan.cluster, the_plan.settings, the_plan.request.model, the_plan.request.data,
+        the_plan.record.get("inventory", ""), shares=shares.shares if shares else None,
+        limits=shares.limits if shares else None, stages=sized.counts if sized else None))
 
 
 def preflight(the_plan: Plan, probed: Mapping[str, Any] | None = None) -> None:
@@ -469,7 +469,7 @@ def preflight(the_plan: Plan, probed: Mapping[str, Any] | None = None) -> None:
     doctor.preflight(cluster, room.for_run(cluster, request.model, parallel=request.parallel,
                                            dequantize_ranks=the_plan.dequantize_ranks, stages=counts,
                                            stage_count=pipeline_stage_count(settings, cluster.world_size),
-                                           peaks=the_plan.planned_peaks or None),
+                                           peaks=the_plan.planned.peaks if the_plan.planned else None),
                      probed)
 
 

@@ -38,6 +38,7 @@ class Fit:
     need: Mapping[str, int]  # node -> bytes its ranks need at their peaks
     free: Mapping[str, int | None]  # node -> bytes it can give (None: not known)
     problem: str | None = None  # why the cluster cannot run it at all
+    step_s: float | None = None  # a step's predicted seconds (mlxcluster/plan/speed.py; None: not measured)
 
     @property
     def fits(self) -> bool:

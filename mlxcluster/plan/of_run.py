@@ -6,15 +6,18 @@ each rank measured (`ranks`), so that every run says how good its plan was.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mlxcluster.describe.cluster import Cluster
+from mlxcluster.launch import batch_shares
 from mlxcluster.launch import settings as run_settings
-from mlxcluster.plan import ranks
+from mlxcluster.paths import build_dir_for
+from mlxcluster.plan import ranks, speed
 from mlxcluster.plan.job import compiled_on, job_for
 from mlxcluster.plan.memory import Terms
-from mlxcluster.plan.ranks import Layout
+from mlxcluster.plan.ranks import Job, Layout
 from mlxcluster.provision import inputs
 from training.config import FinetuneConfig
 from training.data import shares as share_rules
@@ -36,33 +39,65 @@ def layout_of(settings: FinetuneConfig, world: int, shares: Sequence[int] | None
     return Layout("data", tuple(shares or ()), tuple(limits or ()))
 
 
+@dataclass(frozen=True)
+class Planned:
+    """A run's plan: each rank's peak (bytes, rank order) and a step's seconds (None: no calibration
+    of this model and sequence length)."""
+
+    peaks: tuple[int, ...]
+    step_s: float | None = None
+
+
 def planned_peaks(cluster: Cluster, settings: FinetuneConfig, model: Path, data: Path | None, *,
                   shares: Sequence[int] | None = None, limits: Sequence[int] | None = None,
                   stages: Sequence[int] | None = None) -> list[Terms] | None:
-    """Each rank's planned peak, in rank order (None: the model's files are not on the controller,
-    or a pipeline whose stages are not known here, as when the model's layers are not)."""
+    """Each rank's planned peak, in rank order (None: the model's files are not on the controller)."""
+    found = _job_and_layout(cluster, settings, model, data, shares, limits, stages)
+    return ranks.peaks(found[0], found[1], cluster.world_size) if found else None
+
+
+def _job_and_layout(cluster: Cluster, settings: FinetuneConfig, model: Path, data: Path | None,
+                    shares: Sequence[int] | None, limits: Sequence[int] | None,
+                    stages: Sequence[int] | None) -> tuple[Job, Layout] | None:
     job = job_for(settings, model, data, compiled=compiled_on(cluster))
     if job is None:
         return None
     layout = layout_of(settings, cluster.world_size, shares, limits, stages)
-    if layout.parallel == "pipeline" and not layout.stages:
+    if layout.parallel == "pipeline" and not layout.stages:  # the ranks split the layers equally
         count = pipeline_stage_count(settings, cluster.world_size)
         equal = tuple(share_rules.split(job.shape.layers, [1.0] * count))
         layout = Layout("pipeline", layout.shares, stages=equal, micro_batches=layout.micro_batches)
-    return ranks.peaks(job, layout, cluster.world_size)
+    return job, layout
 
 
-def ranks_record(cluster: Cluster, planned: Sequence[int],
-                 summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+def plan_run(cluster: Cluster, settings: FinetuneConfig, model: Path, data: Path | None, inventory: str, *,
+             shares: Sequence[int] | None = None, limits: Sequence[int] | None = None,
+             stages: Sequence[int] | None = None) -> Planned | None:
+    """The plan of a run as it launches: each rank's peak, and its step's time from the
+    inventory's latest calibration of this model and sequence length (mlxcluster/plan/speed.py)."""
+    found = _job_and_layout(cluster, settings, model, data, shares, limits, stages)
+    if found is None:
+        return None
+    job, layout = found
+    peaks = ranks.peaks(job, layout, cluster.world_size)
+    calibration = batch_shares.latest_calibration(build_dir_for(inventory) / "calibration.json",
+                                                  batch_shares.calibration_key(model, settings))
+    measures = speed.measured(cluster, calibration, inventory=inventory)
+    step = speed.step_seconds(job, layout, cluster, peaks, measures) if measures else None
+    return Planned(tuple(t.total for t in peaks), round(step, 4) if step is not None else None)
+
+
+def ranks_record(cluster: Cluster, planned: Planned, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     """summary.json's `ranks`: each rank's node, planned and measured peak (bytes), and step time
     (seconds: the run's training time over its steps, which every rank takes together; planned:
-    not yet, None)."""
+    from the calibration, None without one)."""
     measured = summary.get("peak_memory_gb_per_rank") or []
     steps = (summary.get("iterations") or 0) - (summary.get("resumed_from_step") or 0)
     step_s = round(summary["train_time"] / steps, 4) if steps > 0 and summary.get("train_time") else None
-    return [{"rank": rank, "node": node, "planned_peak_bytes": planned[rank] if rank < len(planned) else None,
+    peaks = planned.peaks
+    return [{"rank": rank, "node": node, "planned_peak_bytes": peaks[rank] if rank < len(peaks) else None,
              "peak_bytes": round(measured[rank] * 1e9) if rank < len(measured) else None,
-             "planned_step_s": None, "step_s": step_s}
+             "planned_step_s": planned.step_s, "step_s": step_s}
             for rank, node in enumerate(cluster.rank_nodes())]
 
 

@@ -53,6 +53,7 @@ class Job:
     dequantize_ranks: frozenset[int] = frozenset()
     compiled: bool = True  # the nodes compile; MLX_DISABLE_COMPILE (the unit tests) does not
     lora_keys: tuple[str, ...] | None = None  # the linears LoRA adapts (None: every one)
+    mean_length: float = 0  # the training examples' mean tokens (0: as long as the longest)
 
     @property
     def trained(self) -> range:

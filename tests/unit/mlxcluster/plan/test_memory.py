@@ -160,3 +160,17 @@ def test_dora_adds_a_magnitude_per_output(peaks, models):
     assert dora.trainable - lora.trainable == outputs * memory.LORA_ITEMSIZE
     adapted = sum(linear.inputs * linear.outputs * 4 for linear in found.linears)
     assert dora.activations - lora.activations == memory.DORA_COPIES * adapted
+
+
+def test_a_data_set_is_tokenized_once_until_its_files_change(models, tmp_path: Path, monkeypatch):
+    from mlxcluster.plan import job
+
+    monkeypatch.setattr(job, "LENGTHS", tmp_path / "lengths.json")
+    data = fixed_length_data(tmp_path / "data", 100)
+    settings = FinetuneConfig()
+    assert job.cached_longest(settings, models["float"], data) == (101, 101, 101)  # and the end of sequence
+    calls = []
+    monkeypatch.setattr(job, "longest_examples", lambda *args: calls.append(args) or (7, 7, 7))
+    assert job.cached_longest(settings, models["float"], data) == (101, 101, 101) and calls == []
+    fixed_length_data(data, 120)  # rewritten: tokenized again
+    assert job.cached_longest(settings, models["float"], data) == (7, 7, 7) and len(calls) == 1

@@ -23,8 +23,9 @@ def test_summary_ranks_hold_each_rank_s_planned_and_measured_peak():
     cluster = cluster_of({"node1": 2, "node2": 1})
     summary = {"peak_memory_gb_per_rank": [1.5, 1.25, 2.0], "iterations": 12, "resumed_from_step": 2,
                "train_time": 25.0}
-    ranks = of_run.ranks_record(cluster, [1_600_000_000, 1_300_000_000, 2_100_000_000], summary)
+    planned = of_run.Planned((1_600_000_000, 1_300_000_000, 2_100_000_000), 2.25)
+    ranks = of_run.ranks_record(cluster, planned, summary)
     assert ranks[0] == {"rank": 0, "node": "node1", "planned_peak_bytes": 1_600_000_000,
-                        "peak_bytes": 1_500_000_000, "planned_step_s": None, "step_s": 2.5}
+                        "peak_bytes": 1_500_000_000, "planned_step_s": 2.25, "step_s": 2.5}
     assert [r["node"] for r in ranks] == ["node1", "node1", "node2"]
     assert ranks[2]["peak_bytes"] == 2_000_000_000
