@@ -48,6 +48,7 @@ INVOKE = str(Path(sys.executable).parent / "invoke")
 AS_WRITTEN = {
     "hostfile": "renders the hostfiles into build/<inventory>/, touching no host",
     "doctor": "reads every node and pair of nodes",
+    "plan": "reads the model's files, the data and every node's free memory",
     "generate": "reads a run and answers on the controller",
     "data.prepare": "writes only its --output, a folder of this test's",
 }
