@@ -51,14 +51,18 @@ def _shares(cluster: Cluster, request: Request) -> list[float] | None:
 
 
 def for_request(cluster: Cluster, request: Request, free: Mapping[str, int | None],
-                measures: speed.Measures | None = None) -> Plan:
+                measures: speed.Measures | None = None, *, dry_run: bool = False) -> Plan:
     """The plan of this request on this cluster, whose nodes can give `free` bytes each; each
-    layout's step time from `measures` (the calibration and bench.links), where there are some."""
+    layout's step time from `measures` (the calibration and bench.links), where there are some.
+    A dry run plans data it has not made yet (or cannot read) as examples of max_seq_length."""
     settings = request.settings
     model = request.model
     if not model.exists() and request.model_source and Path(request.model_source).is_dir():
         model = Path(request.model_source)  # a dry run fetches nothing: its source folder, as it is
-    job = job_for(settings, model, request.data, compiled=compiled_on(cluster))
+    data = request.data
+    if "data" in request.pending or (dry_run and not (data / "train.jsonl").is_file()):
+        data = None  # a dry run's demo data, not made yet
+    job = job_for(settings, model, data, compiled=compiled_on(cluster))
     if job is None:
         raise UserError(f"{request.model} has no safetensors and config.json on this machine to plan "
                         "from: fetch it first (invoke model.fetch), or give --model a local folder")
@@ -189,7 +193,7 @@ def resolved(cluster: Cluster, rec: Recorded, options: Options, *, probe: bool =
         return options
     request = request_for(rec, dataclasses.replace(options, parallel=None), fetch=probe)
     free = free_memory(cluster) if probe else {n.name: None for n in cluster.training_nodes}
-    plan = for_request(cluster, request, free)
+    plan = for_request(cluster, request, free, dry_run=not probe)
     if plan.picked is None:
         raise UserError(refusal(plan))
     layout = plan.picked.layout

@@ -70,6 +70,8 @@ def longest_examples(settings: FinetuneConfig, model_dir: Path, data_dir: Path) 
         train, valid, _ = loading.load_data(replace(settings, data=str(data_dir)), tokenizer)
     except ConfigError as error:
         raise UserError(str(error)) from None
+    except (OSError, ValueError) as error:  # mlx-lm's and the datasets package's words for no data
+        raise UserError(f"data {data_dir}: {' '.join(str(error).split())}") from None
 
     def lengths(split: Any) -> list[int]:
         return [len(split.process(split[i])[0]) for i in range(len(split))]
