@@ -1,4 +1,4 @@
-"""What a run's model takes on each node: disk for the whole folder, memory for its ranks' weights.
+"""What a run's model takes on each node: disk for the whole folder, memory for its ranks' peaks.
 
 Every node keeps the whole model folder on disk, whatever the run. What a node holds in memory
 depends on the run:
@@ -13,10 +13,9 @@ depends on the run:
   its weights in float: several times their size on disk;
 - a node holds what all of its ranks (its slots) hold.
 
-The float size is read from the safetensors headers (no weight is read): a packed weight of a
-quantized layer has `group_size` inputs per scale, so its float elements are its scales' count
-times `group_size`, at the itemsize of the model's float tensors (what dequantizing makes, as
-training/model/quantization.py's float_dtype chooses it).
+A run that is planned (mlxcluster/plan/: its settings, data and the model's files) needs each rank's
+planned peak and its process; without a plan, its weights times MEMORY_FACTOR. The weights are
+read from the safetensors headers (mlxcluster/plan/model.py: no weight is read).
 """
 
 from __future__ import annotations
@@ -111,10 +110,10 @@ def need(cluster: Cluster, model: Weights, *, parallel: str = "data",
     for rank, name in enumerate(cluster.rank_nodes()):
         ranks_of.setdefault(name, []).append(rank)
     memory, held = {}, {}
+    planned = peaks is not None and len(peaks) == world
     for name, ranks in ranks_of.items():
         weights_held = sum((model.dequantized if rank in dequantizing else model.stored) * per_rank[rank][0]
                            for rank in ranks)
-        planned = peaks and len(peaks) == world
         memory[name] = (sum(peaks[rank] + PROCESS_BYTES for rank in ranks) if planned
                         else round(weights_held * MEMORY_FACTOR))
         # Ranks that hold alike are said once (`the whole model on 2 ranks`), stages one by one.

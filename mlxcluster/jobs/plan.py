@@ -112,10 +112,6 @@ def as_json(plan: Plan) -> dict[str, Any]:
         "refused": [{"name": name, "why": why} for name, why in plan.refused]}
 
 
-def _gb(size: int | None) -> str:
-    return "?" if size is None else f"{size / 2**30:.2f}"
-
-
 def render(plan: Plan, cluster: Cluster) -> None:
     """The plan as tables: the layouts, then the pick's ranks term by term."""
     from rich.console import Console
@@ -129,7 +125,8 @@ def render(plan: Plan, cluster: Cluster) -> None:
         table.add_column(column)
     for f in plan.fits:
         batch, length = plan.limits[f.layout.name]
-        table.add_row(f.layout.name, *(f"{_gb(f.need[n])} / {_gb(f.free.get(n))}" for n in nodes),
+        room = (f"{layouts.gb(f.need[n])} / {layouts.gb(f.free.get(n))}" for n in nodes)
+        table.add_row(f.layout.name, *room,
                       "yes" if f.fits else "no", "?" if f.step_s is None else f"{f.step_s:.2f}",
                       str(batch or "-"), str(length or "-"))
     for name, why in plan.refused:
@@ -142,8 +139,8 @@ def render(plan: Plan, cluster: Cluster) -> None:
         for rank, node in enumerate(cluster.rank_nodes()):
             terms.add_column(f"rank {rank}\n{node}", justify="right")
         for index, (name, _) in enumerate(plan.picked.peaks[0].named()):
-            terms.add_row(name, *(_gb(t.named()[index][1]) for t in plan.picked.peaks))
-        terms.add_row("total", *(_gb(t.total) for t in plan.picked.peaks))
+            terms.add_row(name, *(layouts.gb(t.named()[index][1]) for t in plan.picked.peaks))
+        terms.add_row("total", *(layouts.gb(t.total) for t in plan.picked.peaks))
         console.print(terms)
     console.print(f"step times: {plan.speeds_from}" if plan.speeds_from else
                   "step times: ? (no calibration of this model and max_seq_length: invoke bench.calibrate)")
@@ -180,8 +177,8 @@ def refusal(plan: Plan) -> str:
         would.append(f"max_seq_length {length[0]} with {length[1]}")
     fix = (f"; what would fit: {' or '.join(would)}" if would else
            "; not even one example fits: add nodes, or train a smaller or quantized model")
-    batch = f"{plan.job.batch_size} x {plan.job.length} tokens"
-    return f"no layout fits this run's batch of {batch} ({short}){fix}"
+    asked = f"{plan.job.batch_size} x {plan.job.length} tokens"
+    return f"no layout fits this run's batch of {asked} ({short}){fix}"
 
 
 def resolved(cluster: Cluster, rec: Recorded, options: Options, *, probe: bool = True) -> Options:

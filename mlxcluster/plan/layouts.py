@@ -23,10 +23,10 @@ from mlxcluster.plan import ranks
 from mlxcluster.plan.memory import PROCESS_BYTES, Terms
 from mlxcluster.plan.ranks import Job, Layout
 from training.data import shares as share_rules
+from training.data.batches import PAD_TO
 
 ORDER = ("data", "pipeline", "tensor")  # the pick's order between layouts as full as each other
 LARGEST_BATCH = 4096  # how far the inverse question searches
-SHORTEST = 32  # mlx-lm pads to multiples of this
 
 
 @dataclass(frozen=True)
@@ -37,13 +37,11 @@ class Fit:
     peaks: tuple[Terms, ...]  # per rank
     need: Mapping[str, int]  # node -> bytes its ranks need at their peaks
     free: Mapping[str, int | None]  # node -> bytes it can give (None: not known)
-    problem: str | None = None  # why the cluster cannot run it at all
     step_s: float | None = None  # a step's predicted seconds (mlxcluster/plan/speed.py; None: not measured)
 
     @property
     def fits(self) -> bool:
-        return self.problem is None and all(
-            free is None or self.need[node] <= free for node, free in self.free.items())
+        return all(free is None or self.need[node] <= free for node, free in self.free.items())
 
     @property
     def fullest(self) -> float:
@@ -52,12 +50,13 @@ class Fit:
 
     def short(self) -> list[str]:
         """The nodes it does not fit, with their need and room."""
-        return [f"{node} needs {_gb(self.need[node])} of {_gb(free)} GB"
+        return [f"{node} needs {gb(self.need[node])} of {gb(free)} GB"
                 for node, free in self.free.items() if free is not None and self.need[node] > free]
 
 
-def _gb(size: float) -> str:
-    return f"{size / 2**30:.2f}"
+def gb(size: float | None) -> str:
+    """Bytes in GB (GiB, as a Mac's memory is sold) to two places; `?` for not known."""
+    return "?" if size is None else f"{size / 2**30:.2f}"
 
 
 def node_need(cluster: Cluster, peaks: Sequence[Terms]) -> dict[str, int]:
@@ -150,10 +149,10 @@ def limits(cluster: Cluster, job: Job, layout: Layout, free: Mapping[str, int | 
         return batch >= len(layout.shares or [1]) and fit(cluster, changed, again, free).fits
 
     def with_length(steps: int) -> bool:
-        length = steps * SHORTEST  # as max_seq_length: the validation split is cut to it too
+        length = steps * PAD_TO  # as max_seq_length: the validation split is cut to it too
         return fit(cluster, replace(job, length=length, valid_length=min(job.valid_length, length)),
                    layout, free).fits
 
     batch = largest(with_batch, max(len(layout.shares), 1), LARGEST_BATCH)
-    steps = largest(with_length, 1, max(longest_allowed // SHORTEST, 1))
-    return batch, steps * SHORTEST if steps else None
+    steps = largest(with_length, 1, max(longest_allowed // PAD_TO, 1))
+    return batch, steps * PAD_TO if steps else None

@@ -22,17 +22,18 @@ from mlxcluster.plan import memory
 from mlxcluster.plan.memory import Terms, Work
 from mlxcluster.plan.model import Linear, Shape, Weights
 from training.data import shares as share_rules
+from training.data.batches import PAD_TO
 
 # A tensor-parallel linear whose inputs are split (it sums the ranks' parts): attention's output
 # and the MLP's down projection, under the names mlx-lm's models give them; the others split
 # their outputs.
 ROW_SPLIT = ("o_proj", "down_proj", "out_proj", "c_proj", "dense", "wo", "w2", "fc2")
-PAD_TO = 32  # mlx-lm pads a batch to one plus a multiple of this, the model sees one token less
 
 
 def padded(longest: int, max_seq_length: int) -> int:
     """The tokens the model sees per row of the batch holding the longest example (mlx-lm's
-    iterate_batches: one plus a multiple of 32, at most max_seq_length, less the shifted token)."""
+    iterate_batches: one plus a multiple of PAD_TO, at most max_seq_length, less the shifted
+    token)."""
     return min(1 + PAD_TO * math.ceil(longest / PAD_TO), max_seq_length) - 1
 
 
