@@ -21,9 +21,8 @@ from mlxcluster.describe.cluster import Cluster
 from mlxcluster.launch import stages as stage_sizes
 from mlxcluster.plan import ranks
 from mlxcluster.plan.memory import PROCESS_BYTES, Terms
-from mlxcluster.plan.ranks import Job, Layout
+from mlxcluster.plan.ranks import PAD_TO, Job, Layout
 from training.data import shares as share_rules
-from training.data.batches import PAD_TO
 
 ORDER = ("data", "pipeline", "tensor")  # the pick's order between layouts as full as each other
 LARGEST_BATCH = 4096  # how far the inverse question searches

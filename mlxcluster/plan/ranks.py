@@ -22,8 +22,10 @@ from mlxcluster.plan import memory
 from mlxcluster.plan.memory import Terms, Work
 from mlxcluster.plan.model import Linear, Shape, Weights
 from training.data import shares as share_rules
-from training.data.batches import PAD_TO
 
+# mlx-lm pads a batch to one plus a multiple of this (training/data/batches.py says it too, but
+# imports mlx-lm, which invoke's tasks must load without).
+PAD_TO = 32
 # A tensor-parallel linear whose inputs are split (it sums the ranks' parts): attention's output
 # and the MLP's down projection, under the names mlx-lm's models give them; the others split
 # their outputs.
