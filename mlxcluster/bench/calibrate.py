@@ -91,6 +91,7 @@ def measure(rec: Recorded, the_plan: Plan) -> dict[str, Any]:
     model = the_plan.request.model
     return {"date": results.date(), **batch_shares.calibration_key(model, the_plan.settings),
             "model": model.name, "examples_per_step": the_plan.per_rank, "iters": the_plan.iters,
+            "grad_checkpoint": the_plan.settings.grad_checkpoint,  # the plan's step time scales by it
             "nodes": nodes, "runs": run_dirs}
 
 

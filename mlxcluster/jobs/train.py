@@ -400,10 +400,11 @@ def execute(plan: Plan) -> Path:
 def launch_run(cluster: Cluster, request: Request, inventory: str, *, run_id: str | None = None,
                resume: bool = False) -> Path:
     """Plan and execute one run on `cluster` (or a sub-layout of it): its runs/<id>."""
-    if run_id is not None:
-        return execute(plan(cluster, request, run_id=run_id, resume=resume, inventory=inventory))
-    with runs.released_if_unstarted(runs.claim_id()) as new_run:
-        the_plan = plan(cluster, request, run_id=new_run, resume=resume, inventory=inventory)
+    claimed = (runs.released_if_unstarted(runs.claim_id()) if run_id is None
+               else contextlib.nullcontext(run_id))
+    with claimed as own_id:
+        the_plan = with_planned_peaks(plan(cluster, request, run_id=own_id, resume=resume,
+                                           inventory=inventory))
     return execute(the_plan)
 
 

@@ -89,11 +89,14 @@ def plan_run(cluster: Cluster, settings: FinetuneConfig, model: Path, data: Path
 
 def ranks_record(cluster: Cluster, planned: Planned, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     """summary.json's `ranks`: each rank's node, planned and measured peak (bytes), and step time
-    (seconds: the run's training time over its steps, which every rank takes together; planned:
-    from the calibration, None without one)."""
+    (seconds: a step past the first report, which compiles, and which every rank takes together;
+    planned: from the calibration, None without one)."""
     measured = summary.get("peak_memory_gb_per_rank") or []
-    steps = (summary.get("iterations") or 0) - (summary.get("resumed_from_step") or 0)
-    step_s = round(summary["train_time"] / steps, 4) if steps > 0 and summary.get("train_time") else None
+    step_s = summary.get("step_seconds")
+    if step_s is None:  # one report only: every step's time, the first's compiling with it
+        steps = (summary.get("iterations") or 0) - (summary.get("resumed_from_step") or 0)
+        step_s = summary["train_time"] / steps if steps > 0 and summary.get("train_time") else None
+    step_s = round(step_s, 4) if step_s is not None else None
     peaks = planned.peaks
     return [{"rank": rank, "node": node, "planned_peak_bytes": peaks[rank] if rank < len(peaks) else None,
              "peak_bytes": round(measured[rank] * 1e9) if rank < len(measured) else None,

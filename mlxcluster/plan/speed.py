@@ -41,6 +41,14 @@ class Measures:
     bandwidth: float | None = None  # bytes/s of the slowest pair (None: not measured: no transfer time)
     latency: float = 0.0  # seconds per message
     source: str = ""  # where the figures come from, in words
+    grad_checkpoint: bool = False  # whether the calibration recomputed each layer's forward
+
+    def pace(self, job: Job) -> float:
+        """How much slower `job` computes than the calibration did: a layer's forward recomputed in
+        the backward pass where the calibration had none (and faster the other way)."""
+        if job.grad_checkpoint == self.grad_checkpoint:
+            return 1.0
+        return RECOMPUTE if job.grad_checkpoint else 1 / RECOMPUTE
 
     def rank_speeds(self, cluster: Cluster) -> list[float] | None:
         """Each rank's tokens/s (a node's ranks share its speed); None: a node not calibrated."""
@@ -68,10 +76,11 @@ def send(size: float, measures: Measures) -> float:
 def step_seconds(job: Job, layout: Layout, cluster: Cluster, peaks: Sequence[Terms],
                  measures: Measures) -> float | None:
     """A step's seconds under `layout` (None: a node's speed was not measured)."""
-    speeds = measures.rank_speeds(cluster)
+    found = measures.rank_speeds(cluster)
     mean_length = job.mean_length or job.length
-    if speeds is None:
+    if found is None:
         return None
+    speeds = [speed / measures.pace(job) for speed in found]
     world = len(speeds)
     hidden = job.length * job.shape.hidden * job.itemsize  # a row's activation, as sent
     gradients = max(t.gradients + t.trainable for t in peaks)  # LoRA's trained bytes (full: weights')
@@ -112,6 +121,7 @@ def measured(cluster: Cluster, calibration: Mapping[str, Any] | None, links: Pat
     speeds = {name: float(node.get("tokens_per_second") or 0)
               for name, node in calibration.get("nodes", {}).items()}
     source = f"the calibration of {calibration.get('date')}"
+    checkpointed = bool(calibration.get("grad_checkpoint"))
     newest = None
     for path in sorted(links.glob("links-*.json")) if links.is_dir() else []:
         try:
@@ -121,10 +131,12 @@ def measured(cluster: Cluster, calibration: Mapping[str, Any] | None, links: Pat
         if inventory is None or result.get("inventory") == inventory:
             newest = result
     if newest is None:
-        return Measures(speeds, source=source + "; no bench.links of this cluster: no transfer time")
+        return Measures(speeds, source=source + "; no bench.links of this cluster: no transfer time",
+                        grad_checkpoint=checkpointed)
     pairs = [p for doc in newest.get("backends", {}).values() for p in doc.get("pairs", [])]
     if not pairs:
-        return Measures(speeds, source=source)
+        return Measures(speeds, source=source, grad_checkpoint=checkpointed)
     bandwidth = min(p["bandwidth_gb_per_s"] for p in pairs) * 1e9
     latency = max(p["latency_us"] for p in pairs) / 1e6
-    return Measures(speeds, bandwidth, latency, f"{source} and bench.links of {newest.get('date')}")
+    return Measures(speeds, bandwidth, latency, f"{source} and bench.links of {newest.get('date')}",
+                    checkpointed)

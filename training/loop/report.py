@@ -60,6 +60,7 @@ def summarize(records: Sequence[Mapping[str, Any]], wall_time: float) -> dict[st
     steady = train[1:] if len(train) > 1 else train
     steady_time = sum(r.get("train_time", 0.0) for r in steady)
     steady_tokens = trained_tokens - (train[0]["trained_tokens"] if len(train) > 1 else 0)
+    steady_steps = (train[-1]["iteration"] - (train[0]["iteration"] if len(train) > 1 else 0)) if train else 0
     return {
         "iterations": train[-1]["iteration"] if train else 0,
         # The ranks it ended on; a run that went on without a node has had more than one number.
@@ -73,6 +74,8 @@ def summarize(records: Sequence[Mapping[str, Any]], wall_time: float) -> dict[st
         "train_time": train_time,
         "tokens_per_second": steady_tokens / steady_time if steady_time > 0 else 0.0,
         "tokens_per_second_overall": trained_tokens / train_time if train_time > 0 else 0.0,
+        # A step's seconds past the first report, as tokens_per_second counts them (None: no step).
+        "step_seconds": steady_time / steady_steps if steady_steps > 0 and steady_time > 0 else None,
         "peak_memory_gb": max((r["peak_memory_gb"] for r in records), default=0.0),
         "wall_time": wall_time,
     }

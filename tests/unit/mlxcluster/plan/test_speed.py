@@ -69,6 +69,10 @@ def test_the_measures_are_the_calibration_s_speeds_and_the_newest_links_of_this_
     assert speed.measured(cluster_of(TWO), None, tmp_path) is None
     alone = speed.measured(cluster_of(TWO), calibration, tmp_path, "inv.yml")
     assert alone is not None and alone.speeds == {"node1": 900.0, "node2": 300.0} and alone.bandwidth is None
+    assert not alone.grad_checkpoint
+    checkpointed = speed.measured(cluster_of(TWO), {**calibration, "grad_checkpoint": True}, tmp_path,
+                                  "inv.yml")
+    assert checkpointed is not None and checkpointed.grad_checkpoint
 
     def links(name: str, inventory: str, bandwidth: float) -> None:
         pairs = [{"src": 0, "dst": 1, "latency_us": 50.0, "bandwidth_gb_per_s": bandwidth},
@@ -82,3 +86,14 @@ def test_the_measures_are_the_calibration_s_speeds_and_the_newest_links_of_this_
     found = speed.measured(cluster_of(TWO), calibration, tmp_path, "inv.yml")
     assert found is not None and found.bandwidth == 2.5e9 and found.latency == pytest.approx(80e-6)
     assert "bench.links of links-20261129-100000.json" in found.source
+
+
+def test_a_run_with_grad_checkpointing_is_paced_by_its_recomputation_against_a_calibration_without():
+    measured = seconds(Layout("data"), FAST_AND_SLOW)
+    assert measured is not None
+    recomputing = replace(JOB_MEAN, grad_checkpoint=True)
+    paced = seconds(Layout("data"), FAST_AND_SLOW, job=recomputing)
+    assert paced == pytest.approx(measured * speed.RECOMPUTE)
+    checkpointed = replace(FAST_AND_SLOW, grad_checkpoint=True)
+    assert seconds(Layout("data"), checkpointed, job=recomputing) == pytest.approx(measured)
+    assert seconds(Layout("data"), checkpointed) == pytest.approx(measured / speed.RECOMPUTE)

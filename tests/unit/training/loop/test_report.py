@@ -33,6 +33,7 @@ def test_plot_and_summary_from_a_metrics_file(tmp_path: Path, capsys: pytest.Cap
         "train_time": 3.0,
         "tokens_per_second": 1000.0,
         "tokens_per_second_overall": 1000.0,
+        "step_seconds": 0.2,  # the reports past the first: 2 s over steps 6 to 15
         "peak_memory_gb": 1.5,
         "wall_time": 9.0,
     }
