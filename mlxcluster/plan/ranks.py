@@ -22,6 +22,7 @@ from mlxcluster.plan import memory
 from mlxcluster.plan.memory import Terms, Work
 from mlxcluster.plan.model import Linear, Shape, Weights
 from training.data import shares as share_rules
+from training.sharding import parts
 
 # mlx-lm pads a batch to one plus a multiple of this (training/data/batches.py says it too, but
 # imports mlx-lm, which invoke's tasks must load without).
@@ -92,10 +93,17 @@ class Layout:
         return f"pipeline {','.join(map(str, self.stages))}" + (f" x {replicas}" if replicas > 1 else "")
 
 
-def _tensor_linear(linear: Linear, ranks: int) -> Linear:
+def _tensor_linear(linear: Linear, attention: float, mlp: float) -> Linear:
+    """A tensor-parallel rank's part of a linear: `attention` of an attention linear (its head
+    groups), `mlp` of any other (its hidden units)."""
+    part = attention if _is_attention(linear) else mlp
     if linear.path.rpartition(".")[2] in ROW_SPLIT:
-        return replace(linear, inputs=math.ceil(linear.inputs / ranks))
-    return replace(linear, outputs=math.ceil(linear.outputs / ranks))
+        return replace(linear, inputs=max(round(linear.inputs * part), 1))
+    return replace(linear, outputs=max(round(linear.outputs * part), 1))
+
+
+def _is_attention(linear: Linear) -> bool:
+    return "attn" in linear.path or "attention" in linear.path
 
 
 def _trainable(job: Job, linears: Sequence[Linear], trained: set[int]) -> memory.Trainable:
@@ -131,16 +139,37 @@ def data_ranks(job: Job, layout: Layout, world: int) -> list[Terms]:
 
 
 def tensor_ranks(job: Job, world: int) -> list[Terms]:
-    """Each tensor-parallel rank's peak: 1/N of the heads, the MLP, the vocabulary and the weights,
-    the whole batch."""
+    """Each tensor-parallel rank's peak: its head groups, its part of the MLP and of the vocabulary,
+    split as training/sharding splits them (parts.bounds: a rank of 2 holds 2 of 3 key-value
+    groups, the other 1), the weights in the same parts, and the whole batch."""
     shape = job.shape
-    shard = replace(shape, heads=math.ceil(shape.heads / world), kv_heads=math.ceil(shape.kv_heads / world),
-                    mlp=math.ceil(shape.mlp / world), vocab=math.ceil(shape.vocab / world))
-    linears = [_tensor_linear(linear, world) for linear in job.weights.linears]
+    attention = sum(_size(x) for x in job.weights.linears if _is_attention(x))
+    mlp = sum(_size(x) for x in job.weights.linears) - attention
+    vocab = shape.vocab * shape.hidden
     trained = set(job.trained)
     work = Work(job.batch_size, job.length, shape.layers, len(trained), job.grad_checkpoint,
-                compiled=job.compiled)
-    return [_terms(job, shard, work, job.held(rank, 1 / world), linears, trained) for rank in range(world)]
+                compiled=job.compiled, tensor=True)
+    result = []
+    for rank in range(world):
+        groups, units, words = (_part(total, world, rank)
+                                for total in (max(shape.kv_heads, 1), shape.mlp, shape.vocab))
+        kv_heads = round(groups * shape.kv_heads)
+        shard = replace(shape, kv_heads=kv_heads, heads=round(groups * shape.heads),
+                        mlp=round(units * shape.mlp), vocab=round(words * shape.vocab))
+        linears = [_tensor_linear(linear, groups, units) for linear in job.weights.linears]
+        whole = attention + mlp + vocab
+        fraction = (attention * groups + mlp * units + vocab * words) / whole if whole else 1 / world
+        result.append(_terms(job, shard, work, job.held(rank, fraction), linears, trained))
+    return result
+
+
+def _part(total: int, world: int, rank: int) -> float:
+    start, stop = parts.bounds(total, world, rank)
+    return (stop - start) / total
+
+
+def _size(linear: Linear) -> int:
+    return linear.inputs * linear.outputs * linear.experts
 
 
 def _stage_fractions(job: Job, counts: Sequence[int]) -> list[float]:

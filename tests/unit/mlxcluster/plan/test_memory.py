@@ -23,6 +23,8 @@ from mlxcluster.plan import memory, ranks
 from mlxcluster.plan import model as model_files
 from mlxcluster.plan.job import job_for
 from mlxcluster.plan.ranks import Layout
+from tests.unit import rings
+from tests.unit.training.test_finetune import run_launcher
 from training.config import FinetuneConfig
 from training.model import stand_in
 
@@ -174,3 +176,27 @@ def test_a_data_set_is_tokenized_once_until_its_files_change(models, tmp_path: P
     assert job.cached_longest(settings, models["float"], data) == (101, 101, 101) and calls == []
     fixed_length_data(data, 120)  # rewritten: tokenized again
     assert job.cached_longest(settings, models["float"], data) == (7, 7, 7) and len(calls) == 1
+
+
+def test_each_tensor_parallel_rank_s_peak_is_planned_within_the_aims(models, tmp_path):
+    """2 ring ranks of the wide-vocabulary model, 3 key-value groups split 2 and 1: each rank's
+    measured peak against its own shard's plan (the first holds more heads than the second)."""
+    data = fixed_length_data(tmp_path / "data", 320)
+    settings = {"batch_size": 2, "num_layers": -1}
+    out = tmp_path / "tensor"
+    command = [*rings.launch(2), sys.executable, "-m", "training.finetune", "--config",
+               "training/configs/lora.yaml", "--model", str(models["wide-vocab"]), "--data", str(data),
+               "--adapter-path", str(out), "--iters", "2", "--steps-per-report", "1",
+               "--steps-per-eval", "100", "--val-batches", "1", "--save-every", "100",
+               "--max-seq-length", "4096", "--parallel", "tensor", "--expected-world-size", "2",
+               *_flags(settings)]
+    done = run_launcher(command, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    measured = json.loads((out / "summary.json").read_text())["peak_memory_gb_per_rank"]
+    job = job_for(FinetuneConfig(**settings), models["wide-vocab"], data,
+                  compiled=not os.environ.get("MLX_DISABLE_COMPILE"))
+    assert job is not None
+    planned = ranks.peaks(job, Layout("tensor"), 2)
+    assert planned[0].total > planned[1].total
+    for plan, peak in zip(planned, measured, strict=True):
+        assert -UNDER <= plan.total / (peak * 1e9) - 1 <= OVER, (plan, peak)

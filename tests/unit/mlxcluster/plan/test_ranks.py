@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from mlxcluster.launch.stages import Body
-from mlxcluster.plan import ranks
+from mlxcluster.plan import memory, ranks
 from mlxcluster.plan.model import Linear, Shape, Weights
 from mlxcluster.plan.ranks import Job, Layout, padded
 
@@ -39,9 +41,27 @@ def test_a_data_rank_holds_the_whole_model_and_its_micro_batch_of_its_share():
 def test_a_tensor_rank_holds_a_shard_of_every_width_but_the_hidden_state():
     whole, shard = ranks.peaks(JOB, Layout("data"), 1)[0], ranks.peaks(JOB, Layout("tensor"), 4)[0]
     assert shard.weights == 3 * GB
-    assert shard.logits * 4 == whole.logits  # a quarter of the vocabulary, the whole batch on each
+    # A quarter of the vocabulary, the whole batch on each, at a compiled shard's measured scale.
+    assert shard.logits * 4 == pytest.approx(whole.logits * memory.TENSOR_SCALE, rel=1e-6)
+    uncompiled = replace(JOB, compiled=False)
+    assert ranks.peaks(uncompiled, Layout("tensor"), 4)[0].logits * 4 == ranks.peaks(
+        uncompiled, Layout("data"), 1)[0].logits
     # LoRA of a split linear: one of its two matrices is split.
     assert whole.trainable / 4 < shard.trainable < whole.trainable
+
+
+def test_tensor_ranks_hold_the_head_groups_and_hidden_units_training_gives_them_unevenly_too():
+    # 4 key-value groups on 3 ranks: 2, 1 and 1 (training/sharding/parts.bounds), the MLP's 4096
+    # units 1366, 1365, 1365, the vocabulary's 32000 10667, 10667, 10666.
+    first, second, third = ranks.peaks(JOB, Layout("tensor"), 3)
+    assert first.total > second.total > third.total  # the third holds one word less
+    assert first.weights > 4 * GB > second.weights
+    attention = 8 * 2 * 1024 * 1024  # q and o, of which the first rank holds half, the others a quarter
+    mlp, vocab = 8 * 2 * 1024 * 4096, 32000 * 1024
+    share = (attention / 2 + mlp * 1366 / 4096 + vocab * 10667 / 32000) / (attention + mlp + vocab)
+    assert first.weights == round(12 * GB * share)
+    even = ranks.peaks(JOB, Layout("tensor"), 2)
+    assert even[0] == even[1] and even[0].weights == 6 * GB
 
 
 def test_a_pipeline_stage_holds_its_layers_its_edges_and_its_micro_batches_inputs():
