@@ -7,9 +7,11 @@ that divide the ranks, replicated). A pipeline's stages are sized as `invoke tra
 (mlxcluster/launch/stages.py, from each node's free memory and the model's bytes by layer).
 
 The pick, of the layouts that fit: data, which sends only gradients and runs mlx-lm's own compiled
-step, whenever it fits; else the one whose fullest node is the least full (the most room for the
-batch to grow), pipeline before tensor on a tie, since a stage's traffic is one activation per
-micro-batch where tensor parallelism sums activations twice per layer.
+step, whenever it fits, unless the cluster's calibration plans another faster by more than the step
+times' error (FASTER); where data does not fit, the fastest, or without a calibration the one whose
+fullest node is the least full (the most room for the batch to grow); pipeline before tensor on a
+tie, since a stage's traffic is one activation per micro-batch where tensor parallelism sums
+activations twice per layer.
 """
 
 from __future__ import annotations
@@ -24,7 +26,11 @@ from mlxcluster.plan.memory import PROCESS_BYTES, Terms
 from mlxcluster.plan.ranks import PAD_TO, Job, Layout
 from training.data import shares as share_rules
 
-ORDER = ("data", "pipeline", "tensor")  # the pick's order between layouts as full as each other
+ORDER = ("data", "pipeline", "tensor")  # the pick's order between layouts as full or fast as each other
+# How much faster than data parallelism another layout must be planned to be picked over it: the
+# step times' aim (bench.plan holds them within 25 % of measured steps), so that a plan's error
+# never trades data's simplicity for a layout that may be no faster.
+FASTER = 0.25
 LARGEST_BATCH = 4096  # how far the inverse question searches
 
 
@@ -118,8 +124,16 @@ def pick(fits: Sequence[Fit]) -> tuple[Fit | None, str]:
     if not fitting:
         return None, "no layout fits every node's memory"
     data = next((f for f in fitting if f.layout.parallel == "data"), None)
+    timed = all(f.step_s is not None for f in fitting)
+    fastest = min(fitting, key=lambda f: (f.step_s or 0.0, ORDER.index(f.layout.parallel)))
     if data is not None:
+        if timed and data.step_s and (fastest.step_s or 0.0) < data.step_s * (1 - FASTER):
+            return fastest, (f"{fastest.layout.name} is the fastest that fits: {fastest.step_s:.2f} s a step "
+                             f"against data parallelism's {data.step_s:.2f}")
         return data, "data parallelism fits: every rank holds the whole model and only gradients travel"
+    if timed:
+        return fastest, (f"data parallelism does not fit; {fastest.layout.name} is the fastest that does "
+                         f"({fastest.step_s:.2f} s a step)")
     best = min(fitting, key=lambda f: (round(f.fullest, 2), ORDER.index(f.layout.parallel)))
     return best, (f"data parallelism does not fit; {best.layout.name} leaves the fullest node the most "
                   f"room ({best.fullest:.0%} of its memory)")

@@ -61,6 +61,26 @@ def test_a_model_too_big_for_one_mac_is_split_where_the_fullest_node_keeps_the_m
     assert "node1 needs" in fits[0].short()[0]
 
 
+def test_with_step_times_a_layout_much_faster_than_data_or_the_fastest_that_fits_is_picked():
+    fits, _ = planned(cluster_of(THREE), dict.fromkeys(THREE, 64 * GB))
+    data, pipeline = fits[0], fits[1]
+    timed = [replace(data, step_s=1.0), replace(pipeline, step_s=0.8), *fits[2:]]
+    assert layouts.pick(timed)[0] == timed[0]  # some layout not timed: data
+    even = [replace(f, step_s=1.0) for f in fits]
+    faster = layouts.pick([even[0], replace(even[1], step_s=0.8), *even[2:]])[0]
+    assert faster is not None and faster.layout.name == "data"  # 20 % faster: not enough
+    picked, why = layouts.pick([even[0], replace(even[1], step_s=0.7), *even[2:]])
+    assert picked is not None and picked.layout == pipeline.layout
+    assert why == (f"{pipeline.layout.name} is the fastest that fits: 0.70 s a step against data "
+                   "parallelism's 1.00")
+    free = {"node1": 8 * GB, "node2": 8 * GB, "node3": 8 * GB}
+    small, _ = planned(cluster_of(THREE), free)
+    timed = [replace(f, step_s=2.0 - i * 0.1) for i, f in enumerate(small)]
+    picked, why = layouts.pick(timed)
+    fastest = min((f for f in timed if f.fits), key=lambda f: f.step_s or 0)
+    assert picked == fastest and why.endswith(f"is the fastest that does ({fastest.step_s:.2f} s a step)")
+
+
 def test_nothing_fits_a_mac_smaller_than_a_stage():
     fits, _ = planned(cluster_of(THREE), dict.fromkeys(THREE, 2 * GB))
     assert layouts.pick(fits) == (None, "no layout fits every node's memory")
