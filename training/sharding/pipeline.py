@@ -426,12 +426,16 @@ def _vjp(run: Callable[..., mx.array], primals: list[Any], cotangent: mx.array) 
     gradients as their tree, then (given activations) the activations'. mx.vjp takes flat arrays."""
     names, values = zip(*tree_flatten(primals[0]), strict=True) if tree_flatten(primals[0]) else ((), ())
 
+    def tree(arrays: Sequence[mx.array]) -> Any:
+        # A stage with no trained layer has no parameter: an empty dict, as the optimizer's state is
+        # one (tree_unflatten gives an empty list, which the optimizer would index as its state).
+        return tree_unflatten(list(zip(names, arrays, strict=True))) if names else {}
+
     def flat(*arrays: mx.array) -> list[mx.array]:
-        trainable = tree_unflatten(list(zip(names, arrays[:len(names)], strict=True)))
-        return [run(trainable, *arrays[len(names):])]
+        return [run(tree(arrays[:len(names)]), *arrays[len(names):])]
 
     _, grads = mx.vjp(flat, [*values, *primals[1:]], [cotangent])
-    return [tree_unflatten(list(zip(names, grads[:len(names)], strict=True))), *grads[len(names):]]
+    return [tree(grads[:len(names)]), *grads[len(names):]]
 
 
 def _random_key() -> int:

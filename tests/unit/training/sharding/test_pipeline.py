@@ -92,6 +92,16 @@ def test_four_uneven_stages_train_one_process_s_lora(five_layers: Path):
     assert_one_process(five_layers, "single", "four")
 
 
+def test_a_first_stage_with_no_trained_layer_trains_one_process_s_lora_of_the_last_layers(five_layers: Path):
+    # The last 2 of 5 layers trained, all on the second stage of 3 and 2: the first stage has no
+    # parameter to train (its gradients an empty tree, which the optimizer once indexed and died on:
+    # bench.plan's SmolLM2 run with lora.yaml's 16 of 30 layers on 2 stages).
+    root = five_layers
+    single_run(root, "last-two-single", "--num-layers", "2")
+    pipeline_run(root, "last-two", 2, "--num-layers", "2", "--pipeline-layers", "3,2")
+    assert_one_process(root, "last-two-single", "last-two")
+
+
 def test_full_fine_tuning_with_muon_on_two_stages_trains_one_process_s_weights(five_layers: Path):
     # Muon orthogonalizes each whole matrix, which a stage holds (tensor parallelism cannot).
     root = five_layers
