@@ -12,6 +12,7 @@ from mlxcluster.bench import faults as faults_bench
 from mlxcluster.bench import links as links_bench
 from mlxcluster.bench import overhead as overhead_bench
 from mlxcluster.bench import pipeline as pipeline_bench
+from mlxcluster.bench import plan as plan_bench
 from mlxcluster.bench import provision as provision_bench
 from mlxcluster.bench import rehearsal as rehearsal_bench
 from mlxcluster.bench import scaling as scaling_bench
@@ -143,6 +144,28 @@ def pipeline(c, inventory=None, nodes=None, pipeline_stages=None, iters=None, ba
     pipeline_bench.run(recorded(inventory_of(c, inventory)), nodes=nodes, pipeline_stages=pipeline_stages,
                        iters=iters, batch_size=batch_size, data=data, model=model, threads=threads,
                        extra=extra, output=output)
+
+
+@task(flags=Flags(
+    "inventory", "data", "model", "threads", "extra", "output", iters=SHARED["iters"].with_default(8),
+    nodes=wholes("Node counts, comma-separated (default {default}); 1 node runs data parallel only",
+                 list(plan_bench.COUNTS), 1, 9),
+    parallel=several("Parallelisms on more than 1 node, comma-separated (default all: data,tensor,pipeline)",
+                     plan_bench.PARALLELS),
+    weights=several("The base's weights: float, 4bit (a 4-bit copy of the float model, made once), or "
+                    "both (default)", plan_bench.WEIGHTS),
+    batch_sizes=wholes("Global batch sizes, comma-separated (default {default})", list(plan_bench.BATCHES)),
+    lengths=wholes("max_seq_length values, comma-separated (default {default})", list(plan_bench.LENGTHS),
+                   16, 1 << 20),
+    grad_checkpoint=several("Grad checkpointing: off, on, or both (default)", plan_bench.CHECKPOINTING)))
+def plan(c, inventory=None, nodes=None, parallel=None, weights=None, batch_sizes=None, lengths=None,
+         grad_checkpoint=None, iters=None, data=None, model=None, threads=None, extra="", output=None):
+    """How good `invoke plan` is: a grid of real runs (nodes x parallelism x float and 4-bit x batch x
+    sequence length x grad checkpointing), each rank's planned peak and step time against the
+    measured ones, with the aims (memory -5 % to +15 %, step within 25 %) judged; JSON and PNG."""
+    plan_bench.run(recorded(inventory_of(c, inventory)), nodes=nodes, parallel=parallel, weights=weights,
+                   batch_sizes=batch_sizes, lengths=lengths, grad_checkpoint=grad_checkpoint, iters=iters,
+                   data=data, model=model, threads=threads, extra=extra, output=output)
 
 
 @task(flags=Flags(*TRAINING))

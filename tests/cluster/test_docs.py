@@ -90,6 +90,9 @@ ELSEWHERE = {
     "bench.pipeline": "eleven runs on 2, 3 and 4 nodes (minutes): parsed only; its report is "
                       "tests/unit/mlxcluster/bench/test_pipeline.py's, from real pipeline, tensor and "
                       "data runs on local ranks; pipeline runs on the lab are tests/cluster/test_train.py's",
+    "bench.plan": "a calibration and a run per cell of its grid (hours): parsed only; its judgement, "
+                  "table and PNG are tests/unit/mlxcluster/bench/test_plan.py's, each run's planned and "
+                  "measured ranks tests/cluster/test_plan.py's",
     "bench.serve": "starts servers round after round (minutes): parsed only; its measures are "
                    "tests/unit/mlxcluster/bench/test_serve.py's, against a real server",
     "bench.faults": "a fresh lab and six runs (minutes): parsed only; its figures and verdict are "

@@ -73,8 +73,8 @@ def test_a_repeated_help_text_is_found():
 
 def test_each_benchmark_is_a_task_of_its_own():
     bench = tasks.ns.collections["bench"]
-    assert sorted(bench.tasks) == ["calibrate", "faults", "links", "overhead", "pipeline", "provision",
-                                   "rehearsal", "scaling", "serve", "shares", "tensor", "train"]
+    assert sorted(bench.tasks) == ["calibrate", "faults", "links", "overhead", "pipeline", "plan",
+                                   "provision", "rehearsal", "scaling", "serve", "shares", "tensor", "train"]
     # bench.scaling's --parallel draws the same curve in each mode (issue 27's figures); a benchmark
     # of its own (shares' calibration, tensor's loss comparison) is not behind a flag.
     assert "shares" not in bench.tasks["scaling"].flags.flags
