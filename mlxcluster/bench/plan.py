@@ -30,6 +30,7 @@ from mlxcluster.describe.cluster import Recorded
 from mlxcluster.errors import UserError
 from mlxcluster.jobs import train
 from mlxcluster.jobs.request import Request
+from mlxcluster.lab.hosts import LAB_ROOT
 from mlxcluster.launch import batch_shares
 from mlxcluster.launch import parallel as parallelism
 from mlxcluster.local import python_module
@@ -112,16 +113,20 @@ def errors(rank: Mapping[str, Any]) -> dict[str, float | None]:
             "step_error": ratio(rank.get("planned_step_s"), rank.get("step_s"))}
 
 
-def judged(cell: Cell, ranks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def judged(cell: Cell, ranks: Sequence[Mapping[str, Any]], cores: int | None = None) -> dict[str, Any]:
     """A cell's row: each rank's figures and errors, and whether they meet the aims (a figure not
-    planned, e.g. a step time without a calibration, is not judged)."""
+    planned, e.g. a step time without a calibration, is not judged). `cores`: the host's, where
+    every node is a lab node on it: a cell with more ranks than cores has its step not judged, its
+    ranks waiting for each other's core (each Mac has its own)."""
     low, high = MEMORY_AIM
     rows = [{**rank, **errors(rank)} for rank in ranks]
     memory = [r["memory_error"] for r in rows if r["memory_error"] is not None]
     step = next((r["step_error"] for r in rows if r["step_error"] is not None), None)
+    shared = cores is not None and len(rows) > cores
     return {**dataclasses.asdict(cell), "cell": cell.name, "ranks": rows,
             "memory_met": bool(memory) and all(low <= e <= high for e in memory),
-            "step_met": None if step is None else abs(step) <= STEP_AIM}
+            "step_met": None if step is None or shared else abs(step) <= STEP_AIM,
+            **({"step_not_judged": f"{len(rows)} ranks on the lab host's {cores} cores"} if shared else {})}
 
 
 def summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -159,6 +164,7 @@ def table(rows: Sequence[Mapping[str, Any]], title: str) -> Any:
         first = ranks[0] if ranks else {}
         step = f"{first.get('planned_step_s') or '-'} / {first.get('step_s') or '-'}"
         step_error = "-" if first.get("step_error") is None else f"{first['step_error']:+.1%}"
+        step_error += " (cores shared)" if row.get("step_not_judged") else ""
         t.add_row(row["cell"], peaks, _marked(memory, row["memory_met"]), step,
                   _marked(step_error, row["step_met"]))
     return t
@@ -223,7 +229,7 @@ def _calibrate(rec: Recorded, count: int, model: Path, data: Path, cell: Cell, i
     batch_shares.add_calibration(rec.calibration, calibrate.measure(sub, the_plan))
 
 
-def _cell(rec: Recorded, cell: Cell, request: Request) -> dict[str, Any]:
+def _cell(rec: Recorded, cell: Cell, request: Request, cores: int | None) -> dict[str, Any]:
     """One cell run as invoke train runs it: its row (or its error)."""
     print(f"==> plan bench: {cell.name}", flush=True)
     moded = dataclasses.replace(request, overrides=[*request.overrides, *cell.flags()])
@@ -233,7 +239,7 @@ def _cell(rec: Recorded, cell: Cell, request: Request) -> dict[str, Any]:
         return {**dataclasses.asdict(cell), "cell": cell.name, "error": str(error).strip().splitlines()[-1]
                 if str(error).strip() else type(error).__name__}
     found = json.loads((run_dir / "summary.json").read_text())
-    return {**judged(cell, found.get("ranks") or []), "run": str(run_dir)}
+    return {**judged(cell, found.get("ranks") or [], cores), "run": str(run_dir)}
 
 
 def run(rec: Recorded, *, nodes: Sequence[int] = COUNTS, parallel: Sequence[str] = PARALLELS,
@@ -255,16 +261,18 @@ def run(rec: Recorded, *, nodes: Sequence[int] = COUNTS, parallel: Sequence[str]
     overrides = ["--iters", str(iters), "--steps-per-report", "2", "--steps-per-eval", str(iters),
                  "--save-every", str(iters), "--val-batches", "1", *shlex.split(extra)]
     cells = grid(nodes, parallel, weights, batch_sizes, lengths, grad_checkpoint)
+    # Lab nodes are namespaces of this machine, sharing its cores.
+    cores = os.cpu_count() if Path(rec.inventory).resolve().is_relative_to(LAB_ROOT) else None
     rows = []
     for (kind, _length), group in _groups(cells):
         _calibrate(rec, max(nodes), models[kind], data_dir, group[0], iters, threads, extra)
         request = Request(data_dir, models[kind], overrides=overrides, threads=threads)
-        rows += [_cell(rec, cell, request) for cell in group]
+        rows += [_cell(rec, cell, request, cores) for cell in group]
     title = f"{float_model.name}: planned against measured, {len(rows)} runs of {iters} steps"
     out = results.write("plan", {
         "benchmark": "plan", "date": results.date(), "inventory": rec.inventory,
         "models": {kind: str(path) for kind, path in models.items()}, "data": str(data_dir),
-        "iters": iters, "host_cpus": os.cpu_count(),
+        "iters": iters, "host_cpus": os.cpu_count(), "lab_host_cores": cores,
         "aims": {"memory_error": list(MEMORY_AIM), "step_error": STEP_AIM},
         "summary": summary(rows), "rows": rows}, output)
     png = plot(rows, out.with_suffix(".png"), title)

@@ -159,8 +159,24 @@ def tensor_ranks(job: Job, world: int) -> list[Terms]:
         linears = [_tensor_linear(linear, groups, units) for linear in job.weights.linears]
         whole = attention + mlp + vocab
         fraction = (attention * groups + mlp * units + vocab * words) / whole if whole else 1 / world
-        result.append(_terms(job, shard, work, job.held(rank, fraction), linears, trained))
+        step = _terms(job, shard, work, job.held(rank, fraction), linears, trained)
+        cutting = VOCABULARY_CUT * _embedding_bytes(job)
+        result.append(step if step.total >= step.weights + cutting else replace(
+            step, trainable=0, gradients=0, optimizer=0, activations=0, working=cutting, logits=0,
+            overhead=0, phase="cutting the vocabulary"))
     return result
+
+
+# A tensor-parallel rank cuts its rows of the vocabulary from the whole embedding as the model loads
+# (training/sharding/vocab_parallel.py): measured, its peak is then its own weights and about twice
+# the whole embedding matrix (SmolLM2 on 2 and 3 lab nodes: 229 MB beyond the weights, the matrix
+# 113 MB), above a short batch's training step.
+VOCABULARY_CUT = 2
+
+
+def _embedding_bytes(job: Job) -> int:
+    body = job.weights.body
+    return body.embeddings if body is not None else job.shape.vocab * job.shape.hidden * job.itemsize
 
 
 def _part(total: int, world: int, rank: int) -> float:
@@ -173,11 +189,16 @@ def _size(linear: Linear) -> int:
 
 
 def _stage_fractions(job: Job, counts: Sequence[int]) -> list[float]:
+    """Each stage's share of the model's bytes: its layers and edges, and on a stage between the
+    first and the last the embeddings too, which its placeholder keeps (training/sharding/
+    pipeline.py), unread: bench.plan's 3-stage SmolLM2 runs measured them there."""
     body = job.weights.body
     if body is None or len(body.layers) != sum(counts):
         return [count / sum(counts) for count in counts]
     whole = sum(body.layers) + body.embeddings + body.head
-    return [part / whole for part in body.stage_bytes(counts)]
+    held = [part + (body.embeddings if 0 < stage < len(counts) - 1 else 0)
+            for stage, part in enumerate(body.stage_bytes(counts))]
+    return [part / whole for part in held]
 
 
 def pipeline_ranks(job: Job, layout: Layout) -> list[Terms]:

@@ -50,6 +50,11 @@ def test_a_cell_meets_the_memory_aim_from_5_percent_under_to_15_over_and_the_ste
     assert bench.judged(CELL, [rank(1.0, 1.0, 0.7, 1.0)])["step_met"] is False
     unplanned = bench.judged(CELL, [rank(1.0, 1.0, planned_step=None)])
     assert unplanned["step_met"] is None and unplanned["ranks"][0]["step_error"] is None
+    # 3 lab ranks on 2 cores: the step is not judged, the memory is.
+    shared = bench.judged(CELL, [rank(1.0, 1.0, 1.0, 3.0, n) for n in range(3)], cores=2)
+    assert shared["step_met"] is None and shared["memory_met"]
+    assert shared["step_not_judged"] == "3 ranks on the lab host's 2 cores"
+    assert bench.judged(CELL, [rank(1.0, 1.0, 1.0, 3.0, n) for n in range(2)], cores=2)["step_met"] is False
 
 
 def test_the_summary_counts_failed_cells_and_says_every_aim_met_only_when_all_ran_and_met():

@@ -39,15 +39,26 @@ def test_a_data_rank_holds_the_whole_model_and_its_micro_batch_of_its_share():
 
 
 def test_a_tensor_rank_holds_a_shard_of_every_width_but_the_hidden_state():
-    whole, shard = ranks.peaks(JOB, Layout("data"), 1)[0], ranks.peaks(JOB, Layout("tensor"), 4)[0]
+    # Its step's peak; the vocabulary's cut as the model loads is the next test's.
+    job = replace(JOB, weights=replace(JOB.weights, body=None))
+    whole, shard = ranks.peaks(job, Layout("data"), 1)[0], ranks.peaks(job, Layout("tensor"), 4)[0]
     assert shard.weights == 3 * GB
     # A quarter of the vocabulary, the whole batch on each, at a compiled shard's measured scale.
     assert shard.logits * 4 == pytest.approx(whole.logits * memory.TENSOR_SCALE, rel=1e-6)
-    uncompiled = replace(JOB, compiled=False)
+    uncompiled = replace(job, compiled=False)
     assert ranks.peaks(uncompiled, Layout("tensor"), 4)[0].logits * 4 == ranks.peaks(
         uncompiled, Layout("data"), 1)[0].logits
     # LoRA of a split linear: one of its two matrices is split.
     assert whole.trainable / 4 < shard.trainable < whole.trainable
+
+
+def test_a_tensor_rank_peaks_as_it_cuts_its_rows_of_the_vocabulary_where_that_is_higher():
+    # The body's 2 GB of embeddings: each rank's weights and twice the whole matrix, as it loads.
+    cut = ranks.peaks(JOB, Layout("tensor"), 4)[0]
+    assert cut.phase == "cutting the vocabulary" and cut.working == 2 * 2 * GB
+    assert cut.total == cut.weights + 4 * GB
+    longer = ranks.peaks(replace(JOB, batch_size=64), Layout("tensor"), 4)[0]
+    assert longer.phase == "training step" and longer.total > cut.weights + 4 * GB
 
 
 def test_tensor_ranks_hold_the_head_groups_and_hidden_units_training_gives_them_unevenly_too():
