@@ -19,6 +19,7 @@ import dataclasses
 import json
 import os
 import shlex
+import shutil
 import subprocess
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -92,14 +93,13 @@ def quantized_copy(model: Path, output: Path | None = None) -> Path:
     if (out / "config.json").is_file():
         return out
     staging = out.with_name(out.name + ".convert")
-    if staging.exists():
-        subprocess.run(["rm", "-rf", str(staging)], check=True)
+    shutil.rmtree(staging, ignore_errors=True)
     python_module("mlx_lm", ["convert", "--hf-path", str(model), "--mlx-path", str(staging), "-q",
                              "--q-bits", str(BITS), "--q-group-size", str(GROUP)])
     try:
         inputs.fetch_model(str(staging), out)
     finally:
-        subprocess.run(["rm", "-rf", str(staging)], check=True)
+        shutil.rmtree(staging, ignore_errors=True)
     return out
 
 
@@ -236,8 +236,9 @@ def _cell(rec: Recorded, cell: Cell, request: Request, cores: int | None) -> dic
     try:
         run_dir = train.launch_run(rec.cluster.first_nodes(cell.nodes), moded, rec.inventory)
     except (UserError, subprocess.CalledProcessError) as error:
-        return {**dataclasses.asdict(cell), "cell": cell.name, "error": str(error).strip().splitlines()[-1]
-                if str(error).strip() else type(error).__name__}
+        message = str(error).strip()
+        return {**dataclasses.asdict(cell), "cell": cell.name,
+                "error": message.splitlines()[-1] if message else type(error).__name__}
     found = json.loads((run_dir / "summary.json").read_text())
     return {**judged(cell, found.get("ranks") or [], cores), "run": str(run_dir)}
 
@@ -268,15 +269,16 @@ def run(rec: Recorded, *, nodes: Sequence[int] = COUNTS, parallel: Sequence[str]
         _calibrate(rec, max(nodes), models[kind], data_dir, group[0], iters, threads, extra)
         request = Request(data_dir, models[kind], overrides=overrides, threads=threads)
         rows += [_cell(rec, cell, request, cores) for cell in group]
+    overall = summary(rows)
     title = f"{float_model.name}: planned against measured, {len(rows)} runs of {iters} steps"
     out = results.write("plan", {
         "benchmark": "plan", "date": results.date(), "inventory": rec.inventory,
         "models": {kind: str(path) for kind, path in models.items()}, "data": str(data_dir),
         "iters": iters, "host_cpus": os.cpu_count(), "lab_host_cores": cores,
         "aims": {"memory_error": list(MEMORY_AIM), "step_error": STEP_AIM},
-        "summary": summary(rows), "rows": rows}, output)
+        "summary": overall, "rows": rows}, output)
     png = plot(rows, out.with_suffix(".png"), title)
     Console(width=max(Console().width, 150)).print(table(rows, title))
-    print(json.dumps(summary(rows)))
+    print(json.dumps(overall))
     print(f"wrote {out} and {png}")
     return out

@@ -149,18 +149,17 @@ def tensor_ranks(job: Job, world: int) -> list[Terms]:
     trained = set(job.trained)
     work = Work(job.batch_size, job.length, shape.layers, len(trained), job.grad_checkpoint,
                 compiled=job.compiled, tensor=True)
+    whole = attention + mlp + vocab
+    cutting = VOCABULARY_CUT * _embedding_bytes(job)
     result = []
     for rank in range(world):
         groups, units, words = (_part(total, world, rank)
                                 for total in (max(shape.kv_heads, 1), shape.mlp, shape.vocab))
-        kv_heads = round(groups * shape.kv_heads)
-        shard = replace(shape, kv_heads=kv_heads, heads=round(groups * shape.heads),
+        shard = replace(shape, kv_heads=round(groups * shape.kv_heads), heads=round(groups * shape.heads),
                         mlp=round(units * shape.mlp), vocab=round(words * shape.vocab))
         linears = [_tensor_linear(linear, groups, units) for linear in job.weights.linears]
-        whole = attention + mlp + vocab
         fraction = (attention * groups + mlp * units + vocab * words) / whole if whole else 1 / world
         step = _terms(job, shard, work, job.held(rank, fraction), linears, trained)
-        cutting = VOCABULARY_CUT * _embedding_bytes(job)
         result.append(step if step.total >= step.weights + cutting else replace(
             step, trainable=0, gradients=0, optimizer=0, activations=0, working=cutting, logits=0,
             overhead=0, phase="cutting the vocabulary"))
