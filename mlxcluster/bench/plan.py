@@ -11,6 +11,13 @@ the newest `invoke bench.links` of the inventory (not run here: without it, no t
 Aims (the issue's): a rank's planned peak never under its measured peak by more than 5 % nor over
 it by more than 15 %; a step's planned time within 25 % of the measured one. A cell that fails
 (refused, or out of memory) is kept with its error, and the grid goes on.
+
+On the lab, whose nodes share this machine's cores, the machine's own speed wanders: the same
+one-node calibration run measured 28.9 and 39.0 tokens/s 12 minutes apart, and a 2-second matrix
+product 2.0 to 4.1 GFLOP/s with nothing else running. So there, before each cell, the first node
+runs its calibration's first run again (the control), and the cell's step is judged against the plan
+scaled by how fast the control ran against the calibration (`step_error_controlled`); the raw error
+is kept beside it. A Mac cluster has no such neighbour, and no control is run.
 """
 
 from __future__ import annotations
@@ -113,17 +120,30 @@ def errors(rank: Mapping[str, Any]) -> dict[str, float | None]:
             "step_error": ratio(rank.get("planned_step_s"), rank.get("step_s"))}
 
 
-def judged(cell: Cell, ranks: Sequence[Mapping[str, Any]], cores: int | None = None) -> dict[str, Any]:
+def controlled(rank: Mapping[str, Any], control: float) -> float | None:
+    """A rank's step error against the plan scaled to the machine's speed at the time: the control
+    ran at `control` times its calibrated speed, so the plan's step takes 1/control as long."""
+    planned, measured = rank.get("planned_step_s"), rank.get("step_s")
+    return round(planned / control / measured - 1, 4) if planned and measured and control > 0 else None
+
+
+def judged(cell: Cell, ranks: Sequence[Mapping[str, Any]], cores: int | None = None,
+           control: float | None = None) -> dict[str, Any]:
     """A cell's row: each rank's figures and errors, and whether they meet the aims (a figure not
     planned, e.g. a step time without a calibration, is not judged). `cores`: the host's, where
     every node is a lab node on it: a cell with more ranks than cores has its step not judged, its
-    ranks waiting for each other's core (each Mac has its own)."""
+    ranks waiting for each other's core (each Mac has its own). `control`: how fast the machine
+    ran just before, against the calibration (the step is then judged on `step_error_controlled`)."""
     low, high = MEMORY_AIM
     rows = [{**rank, **errors(rank)} for rank in ranks]
+    if control is not None:
+        rows = [{**r, "step_error_controlled": controlled(r, control)} for r in rows]
     memory = [r["memory_error"] for r in rows if r["memory_error"] is not None]
-    step = next((r["step_error"] for r in rows if r["step_error"] is not None), None)
+    judged_error = "step_error_controlled" if control is not None else "step_error"
+    step = next((r[judged_error] for r in rows if r[judged_error] is not None), None)
     shared = cores is not None and len(rows) > cores
     return {**dataclasses.asdict(cell), "cell": cell.name, "ranks": rows,
+            **({"control": round(control, 4)} if control is not None else {}),
             "memory_met": bool(memory) and all(low <= e <= high for e in memory),
             "step_met": None if step is None or shared else abs(step) <= STEP_AIM,
             **({"step_not_judged": f"{len(rows)} ranks on the lab host's {cores} cores"} if shared else {})}
@@ -133,11 +153,13 @@ def summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """What the grid says in a few figures: cells run and failed, the worst errors, aims met."""
     ran = [r for r in rows if "error" not in r]
     memory = [e for r in ran for e in (x["memory_error"] for x in r["ranks"]) if e is not None]
-    steps = [r["ranks"][0]["step_error"] for r in ran
-             if r["ranks"] and r["ranks"][0]["step_error"] is not None]
+    def span(key: str) -> dict[str, float | None]:
+        found = [r["ranks"][0][key] for r in ran if r["ranks"] and r["ranks"][0].get(key) is not None]
+        return {"min": min(found, default=None), "max": max(found, default=None)}
+
     return {"cells": len(rows), "failed": len(rows) - len(ran),
             "memory_errors": {"min": min(memory, default=None), "max": max(memory, default=None)},
-            "step_errors": {"min": min(steps, default=None), "max": max(steps, default=None)},
+            "step_errors": span("step_error"), "step_errors_controlled": span("step_error_controlled"),
             "memory_met": sum(bool(r["memory_met"]) for r in ran),
             "step_met": sum(bool(r["step_met"]) for r in ran),
             "step_judged": sum(r["step_met"] is not None for r in ran),
@@ -164,6 +186,8 @@ def table(rows: Sequence[Mapping[str, Any]], title: str) -> Any:
         first = ranks[0] if ranks else {}
         step = f"{first.get('planned_step_s') or '-'} / {first.get('step_s') or '-'}"
         step_error = "-" if first.get("step_error") is None else f"{first['step_error']:+.1%}"
+        if first.get("step_error_controlled") is not None:
+            step_error += f", {first['step_error_controlled']:+.1%} at the control's {row['control']:.2f}x"
         step_error += " (cores shared)" if row.get("step_not_judged") else ""
         t.add_row(row["cell"], peaks, _marked(memory, row["memory_met"]), step,
                   _marked(step_error, row["step_met"]))
@@ -189,7 +213,9 @@ def plot(rows: Sequence[Mapping[str, Any]], output: Path, title: str) -> Path:
         ran = [r for r in rows if r["parallel"] == parallel and "error" not in r]
         peaks = [(x["peak_bytes"] / 1e9, x["planned_peak_bytes"] / 1e9) for r in ran for x in r["ranks"]
                  if x.get("peak_bytes") and x.get("planned_peak_bytes")]
-        steps = [(r["ranks"][0]["step_s"], r["ranks"][0]["planned_step_s"]) for r in ran
+        # A step planned at the control's speed where there was one (the judged figure).
+        steps = [(r["ranks"][0]["step_s"], r["ranks"][0]["planned_step_s"] / r.get("control", 1.0))
+                 for r in ran
                  if r["ranks"] and r["ranks"][0].get("step_s") and r["ranks"][0].get("planned_step_s")]
         for axes, points in ((memory, peaks), (step, steps)):
             if points:
@@ -219,28 +245,49 @@ def _groups(cells: Sequence[Cell]) -> Iterator[tuple[tuple[str, int], list[Cell]
         yield key, [c for c in cells if (c.weights, c.length) == key]
 
 
+@dataclass(frozen=True)
+class Calibrated:
+    """A group's calibration: what it ran, and the first node's tokens/s in its first run."""
+
+    plan: calibrate.Plan
+    speed: float
+
+    def control(self, rec: Recorded) -> float:
+        """The first node's calibration run again, now: its tokens/s over the calibration's."""
+        node = rec.cluster.training_nodes[0]
+        print(f"==> plan bench: the control, {node.name} alone as its calibration ran", flush=True)
+        run_dir = train.launch_run(calibrate.alone(node), self.plan.request, rec.inventory)
+        return float(calibrate.summary_of(run_dir)["tokens_per_second"]) / self.speed
+
+
 def _calibrate(rec: Recorded, count: int, model: Path, data: Path, cell: Cell, iters: int,
-               threads: int | None, extra: str) -> None:
+               threads: int | None, extra: str) -> Calibrated:
     """Each of the first `count` nodes alone at the group's model and length (bench.calibrate)."""
     sub = dataclasses.replace(rec, cluster=rec.cluster.first_nodes(count))
     flags = f"--max-seq-length {cell.length}{' --grad-checkpoint' if cell.grad_checkpoint else ''} {extra}"
     the_plan = calibrate.plan(sub, iters=iters, batch_size=cell.batch_size, data=str(data), model=str(model),
                               config=None, threads=threads, extra=flags.strip())
-    batch_shares.add_calibration(rec.calibration, calibrate.measure(sub, the_plan))
+    entry = calibrate.measure(sub, the_plan)
+    batch_shares.add_calibration(rec.calibration, entry)
+    first = rec.cluster.training_nodes[0].name
+    return Calibrated(the_plan, float(entry["nodes"][first]["tokens_per_second"]))
 
 
-def _cell(rec: Recorded, cell: Cell, request: Request, cores: int | None) -> dict[str, Any]:
-    """One cell run as invoke train runs it: its row (or its error)."""
-    print(f"==> plan bench: {cell.name}", flush=True)
+def _cell(rec: Recorded, cell: Cell, request: Request, cores: int | None,
+          calibrated: Calibrated | None) -> dict[str, Any]:
+    """One cell run as invoke train runs it, after its control where there is one: its row (or its
+    error)."""
     moded = dataclasses.replace(request, overrides=[*request.overrides, *cell.flags()])
     try:
+        control = calibrated.control(rec) if calibrated else None
+        print(f"==> plan bench: {cell.name}", flush=True)
         run_dir = train.launch_run(rec.cluster.first_nodes(cell.nodes), moded, rec.inventory)
     except (UserError, subprocess.CalledProcessError) as error:
         message = str(error).strip()
         return {**dataclasses.asdict(cell), "cell": cell.name,
                 "error": message.splitlines()[-1] if message else type(error).__name__}
     found = json.loads((run_dir / "summary.json").read_text())
-    return {**judged(cell, found.get("ranks") or [], cores), "run": str(run_dir)}
+    return {**judged(cell, found.get("ranks") or [], cores, control), "run": str(run_dir)}
 
 
 def run(rec: Recorded, *, nodes: Sequence[int] = COUNTS, parallel: Sequence[str] = PARALLELS,
@@ -266,9 +313,10 @@ def run(rec: Recorded, *, nodes: Sequence[int] = COUNTS, parallel: Sequence[str]
     cores = os.cpu_count() if Path(rec.inventory).resolve().is_relative_to(LAB_ROOT) else None
     rows = []
     for (kind, _length), group in _groups(cells):
-        _calibrate(rec, max(nodes), models[kind], data_dir, group[0], iters, threads, extra)
+        calibrated = _calibrate(rec, max(nodes), models[kind], data_dir, group[0], iters, threads, extra)
         request = Request(data_dir, models[kind], overrides=overrides, threads=threads)
-        rows += [_cell(rec, cell, request, cores) for cell in group]
+        # The control only where the machine's speed is shared (lab nodes on this machine).
+        rows += [_cell(rec, cell, request, cores, calibrated if cores else None) for cell in group]
     overall = summary(rows)
     title = f"{float_model.name}: planned against measured, {len(rows)} runs of {iters} steps"
     out = results.write("plan", {

@@ -77,7 +77,8 @@ def stage_shares(model: Weights, world: int, stages: Sequence[int] | None) -> li
         body, fractions = None, [count / layers for count in counts]
     result, start = [], 0
     for stage, count in enumerate(counts):
-        edges = [*(["the embeddings"] if body and stage == 0 else []),
+        # A tied head is the embeddings read as the head: the last stage's words say the head.
+        edges = [*(["the embeddings"] if body and stage < world - 1 else []),
                  *(["the head"] if body and stage == world - 1 else [])]
         run = f"layer {start + 1}" if count == 1 else f"layers {start + 1}-{start + count}"
         words = f"{run} of {layers}" + "".join(f" and {e}" for e in edges)

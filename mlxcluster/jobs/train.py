@@ -340,7 +340,7 @@ def shares_line(shares: batch_shares.Shares) -> str:
 
 def execute(plan: Plan) -> Path:
     """Sync, launch on every slot, bring the results back: runs/<id>. Raises TrainFailed when
-    training fails (what arrived is still kept in runs/<id>), Interrupted on Ctrl-C."""
+    training fails (what arrived is still kept in runs/<id>), Interrupted on Ctrl-C or SIGTERM."""
     synced = time.perf_counter()
     sync.run_steps(plan.steps)
     ranks = f"{plan.cluster.world_size} rank{'s' if plan.cluster.world_size > 1 else ''}"
@@ -363,7 +363,8 @@ def execute(plan: Plan) -> Path:
     pulls = sync.CheckpointPulls(plan.cluster.head, plan.on_launcher, plan.results)
     start = time.perf_counter()
     try:
-        relayed = relay.supervise(plan.cluster, plan.launch, plan.marker, on_line=pulls)
+        with relay.terminated_as_interrupted():  # a `kill` or `timeout` stops every rank as Ctrl-C does
+            relayed = relay.supervise(plan.cluster, plan.launch, plan.marker, on_line=pulls)
     except KeyboardInterrupt:
         pulls.wait(timeout=10)
         try:

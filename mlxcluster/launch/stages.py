@@ -60,42 +60,42 @@ def layer_count(config: Mapping[str, Any] | None) -> int | None:
 
 @dataclass(frozen=True)
 class Body:
-    """Where a model's bytes are, by pipeline stage: each layer's, the embeddings' (the first
-    stage's) and the rest's outside the layers (the final norm and the head: the last stage's)."""
+    """Where a model's bytes are, by pipeline stage: each layer's, the embeddings' and the rest's
+    outside the layers (the final norm and the head: the last stage's)."""
 
     layers: tuple[int, ...]
     embeddings: int
     head: int
-    tied: bool  # no head of its own: the last stage holds the embeddings too
+    tied: bool  # no head of its own: the last stage reads the embeddings as its head
+
+    def edges(self, stage: int, stages: int) -> int:
+        """The bytes outside the layers that stage `stage` of `stages` holds: the embeddings on every
+        stage but a last one with a head of its own (a stage between keeps its placeholder's weight,
+        training/sharding/pipeline.py: bench.plan's 3-stage SmolLM2 runs measured it there), the
+        head on the last."""
+        last = stage == stages - 1
+        return (self.head if last else 0) + (self.embeddings if not last or self.tied or stages == 1 else 0)
 
     def stage_bytes(self, counts: Sequence[int]) -> list[int]:
         """Each stage's bytes, for stages of `counts` layers in order."""
         held, start = [], 0
         for stage, count in enumerate(counts):
-            part = sum(self.layers[start:start + count])
-            if stage == 0:
-                part += self.embeddings
-            if stage == len(counts) - 1:
-                part += self.head + (self.embeddings if self.tied and stage else 0)
-            held.append(part)
+            held.append(sum(self.layers[start:start + count]) + self.edges(stage, len(counts)))
             start += count
         return held
 
 
 def fitted(body: Body, capacities: Sequence[float]) -> list[int]:
     """Each stage's layers, in order, at least one each, that make the fullest stage as little full as
-    can be: its bytes (its layers', the embeddings on the first, the head on the last) over its
-    capacity (its free memory). Exact, by dynamic programming over where each stage ends."""
+    can be: its bytes (its layers' and its edges', Body.edges) over its capacity (its free memory).
+    Exact, by dynamic programming over where each stage ends."""
     layers, stages = len(body.layers), len(capacities)
     prefix = [0]
     for size in body.layers:
         prefix.append(prefix[-1] + size)
 
     def fullness(stage: int, start: int, stop: int) -> float:
-        held = prefix[stop] - prefix[start] + (body.embeddings if stage == 0 else 0)
-        if stage == stages - 1:
-            held += body.head + (body.embeddings if body.tied and stage else 0)
-        return held / capacities[stage]
+        return (prefix[stop] - prefix[start] + body.edges(stage, stages)) / capacities[stage]
 
     # best[stage][stop]: the least fullest-stage of stages 0..stage holding layers [0, stop)
     best = [[math.inf] * (layers + 1) for _ in range(stages)]
@@ -212,7 +212,7 @@ def sized(cluster: Cluster, layers: int, memory: Mapping[str, int | None] | None
     """The `stages` (default: one per rank) of `layers`, from the inventory's pipeline_layers where
     a node sets it and the free memory of each stage's ranks for the rest (the least of its
     replicas'; equal when any is not known): with the model's bytes by layer (`body`, from its
-    safetensors headers) the embeddings and head count on the edge stages (fitted), else
+    safetensors headers) each stage's edges count (Body.edges; fitted), else
     the layers are dealt in proportion. A UserError names the nodes when the inventory's numbers
     cannot add up to the model's layers."""
     ranks = _ranks(cluster)
@@ -242,7 +242,7 @@ def sized(cluster: Cluster, layers: int, memory: Mapping[str, int | None] | None
     why = "; ".join([*([f"pipeline_layers in the inventory on {', '.join(by_hand)}"] if by_hand else []),
                      *([_memory_words(memory, others)] if others else [])])
     if edges:
-        why += "; the embeddings and the head counted on the edge stages"
+        why += "; the embeddings and the head counted where they are held"
     if stages < len(ranks):
         why += f"; {len(ranks) // stages} replicas of the stages, each stage as its smallest replica"
     return Stages(counts, why)

@@ -188,16 +188,12 @@ def _size(linear: Linear) -> int:
 
 
 def _stage_fractions(job: Job, counts: Sequence[int]) -> list[float]:
-    """Each stage's share of the model's bytes: its layers and edges, and on a stage between the
-    first and the last the embeddings too, which its placeholder keeps (training/sharding/
-    pipeline.py), unread: bench.plan's 3-stage SmolLM2 runs measured them there."""
+    """Each stage's share of the model's bytes: its layers and its edges (Body.edges)."""
     body = job.weights.body
     if body is None or len(body.layers) != sum(counts):
         return [count / sum(counts) for count in counts]
     whole = sum(body.layers) + body.embeddings + body.head
-    held = [part + (body.embeddings if 0 < stage < len(counts) - 1 else 0)
-            for stage, part in enumerate(body.stage_bytes(counts))]
-    return [part / whole for part in held]
+    return [part / whole for part in body.stage_bytes(counts)]
 
 
 def pipeline_ranks(job: Job, layout: Layout) -> list[Terms]:

@@ -188,7 +188,7 @@ def test_pipeline_stages_on_both_nodes_train_one_process_s_adapters_over_mpi(pro
     # The controller probed both nodes and sized the stages from their free memory (the split by
     # memory itself: tests/unit/mlxcluster/launch/test_stages.py); every rank got them.
     sized = (r"==> pipeline stages 1,1 layers \(from each node's free memory: node1 [\d.]+, node2 [\d.]+ GB"
-             r"; the embeddings and the head counted on the edge stages\)")
+             r"; the embeddings and the head counted where they are held\)")
     assert re.search(sized, proc.stdout), proc.stdout
     try:
         info = json.loads((run_dir / "run.json").read_text())
@@ -454,13 +454,15 @@ def test_a_frozen_rank_is_named_with_its_node_and_nothing_is_left(provisioned, t
                     os.kill(pid, signal.SIGKILL)
 
 
-def test_ctrl_c_on_the_controller_stops_every_rank(provisioned, tiny_inputs):
-    """Without a tty (output piped), ssh hangs nothing up: invoke train stops the run itself."""
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_on_the_controller_stops_every_rank(provisioned, tiny_inputs, stop):
+    """Without a tty (output piped), ssh hangs nothing up: invoke train stops the run itself, on
+    Ctrl-C and on SIGTERM (a `kill`, `timeout` or a CI runner's; it once left the ranks running)."""
     with training_under_way(provisioned, tiny_inputs) as train:
         interrupted = time.perf_counter()
-        train.send_signal(signal.SIGINT)
+        train.send_signal(stop)
         _, stderr = train.communicate(timeout=90)
-        print(f"Ctrl-C -> invoke train returned in {time.perf_counter() - interrupted:.1f} s")
+        print(f"{stop.name} -> invoke train returned in {time.perf_counter() - interrupted:.1f} s")
     assert train.returncode == 130, stderr[-2000:]
     assert "interrupted: every rank of run" in stderr
     wait_until_gone(finetune_pids, provisioned)
@@ -652,6 +654,9 @@ def test_auto_shares_are_the_ones_a_slower_node_s_calibration_gives(provisioned,
             hosts.set_limits(provisioned.lab, 2, off=True)
         assert calibrated.returncode == 0, calibrated.stdout[-3000:] + calibrated.stderr[-3000:]
         speeds = json.loads((tmp_path / "calibrate.json").read_text())["nodes"]
+        # Each node ran again at half its share, for the plan's line through two steps.
+        assert all(speeds[n]["second"]["examples_per_step"] == 2 and speeds[n]["second"]["step_seconds"]
+                   and speeds[n]["marginal_tokens_per_second"] > 0 for n in ("node1", "node2")), speeds
         # How much slower node2 measures is the machine's to say (CI's cores are shared): the
         # shares must be the ones its figures give, whatever they are.
         expected = share_rules.split(8, [speeds[n]["tokens_per_second"] for n in ("node1", "node2")])

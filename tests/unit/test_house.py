@@ -164,7 +164,6 @@ TESTED_THROUGH = {
     "mlxcluster/plan/job.py": "tests/unit/mlxcluster/plan/test_memory.py",
     "mlxcluster/lab/__main__.py": "mlxcluster/lab/hosts.py",
     "mlxcluster/lab/system.py": "mlxcluster/lab/hosts.py",
-    "mlxcluster/bench/calibrate.py": "tests/unit/mlxcluster/launch/test_batch_shares.py",
     "mlxcluster/bench/shares.py": "tests/unit/mlxcluster/launch/test_batch_shares.py",
     "mlxcluster/bench/results.py": "mlxcluster/bench/overhead.py",
     "mlxcluster/bench/stock.py": "mlxcluster/bench/scaling.py",

@@ -57,6 +57,19 @@ def test_a_cell_meets_the_memory_aim_from_5_percent_under_to_15_over_and_the_ste
     assert bench.judged(CELL, [rank(1.0, 1.0, 1.0, 3.0, n) for n in range(2)], cores=2)["step_met"] is False
 
 
+def test_with_a_control_the_step_is_judged_against_the_plan_at_the_machine_s_speed_of_the_time():
+    # Planned 1.0 s at the calibration's speed; the control ran at 0.7 of it: 1.43 s expected.
+    slower = bench.judged(CELL, [rank(1.0, 1.0, 1.0, 1.45)], control=0.7)
+    assert slower["control"] == 0.7 and slower["step_met"]
+    assert slower["ranks"][0]["step_error"] == pytest.approx(1.0 / 1.45 - 1, abs=1e-4)  # raw: missed
+    assert slower["ranks"][0]["step_error_controlled"] == pytest.approx(1.0 / 0.7 / 1.45 - 1, abs=1e-4)
+    # The control can fail a step the raw error would pass: the machine ran faster than calibrated.
+    assert bench.judged(CELL, [rank(1.0, 1.0, 1.0, 1.1)], control=1.5)["step_met"] is False
+    assert bench.judged(CELL, [rank(1.0, 1.0, 1.0, 1.1)])["step_met"]
+    assert bench.summary([slower])["step_errors_controlled"]["max"] == pytest.approx(1.0 / 0.7 / 1.45 - 1,
+                                                                                       abs=1e-4)
+
+
 def test_the_summary_counts_failed_cells_and_says_every_aim_met_only_when_all_ran_and_met():
     good = bench.judged(CELL, [rank(1.1, 1.0, 1.1, 1.0)])
     unplanned = bench.judged(CELL, [rank(1.0, 1.0, planned_step=None)])

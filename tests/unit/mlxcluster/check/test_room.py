@@ -127,8 +127,9 @@ def test_a_benchmark_s_runs_need_each_node_s_largest():
 
 
 def test_a_pipeline_stage_needs_its_layers_bytes_and_its_edges(tmp_path: Path):
-    """Read from the headers: the first stage holds the embeddings, the last the norm and (the
-    head being tied here) the embeddings too; stages of 4, 1 and 1 of 6 layers."""
+    """Read from the headers: the first and middle stages hold the embeddings (a middle one as its
+    placeholder's weight), the last the norm and (the head being tied here) the embeddings too;
+    stages of 4, 1 and 1 of 6 layers."""
     stand_in.make(tmp_path / "six", num_hidden_layers=6)
     found = model_files.weights(tmp_path / "six", by_layer=True)
     assert found is not None and found.body is not None
@@ -140,12 +141,14 @@ def test_a_pipeline_stage_needs_its_layers_bytes_and_its_edges(tmp_path: Path):
     whole = sum(layer) + embeddings + norm
     stages = room.for_run(cluster(), tmp_path / "six", parallel="pipeline", stages=[4, 1, 1])
     assert stages is not None
-    # node1: ranks 0 and 1 (layers 1-4 with the embeddings, layer 5); node2: rank 2 (layer 6, the head).
-    held = [sum(layer[:4]) + embeddings, layer[4], layer[5] + norm + embeddings]
+    # node1: ranks 0 and 1 (layers 1-4, layer 5, each with the embeddings); node2: rank 2 (layer 6,
+    # the head).
+    held = [sum(layer[:4]) + embeddings, layer[4] + embeddings, layer[5] + norm + embeddings]
     assert stages.memory == {
         "node1": round(found.stored * (held[0] + held[1]) / whole * room.MEMORY_FACTOR),
         "node2": round(found.stored * held[2] / whole * room.MEMORY_FACTOR)}
-    assert stages.held == {"node1": "layers 1-4 of 6 and the embeddings; layer 5 of 6 on 2 ranks",
+    assert stages.held == {"node1": "layers 1-4 of 6 and the embeddings; layer 5 of 6 and the embeddings "
+                                    "on 2 ranks",
                            "node2": "layer 6 of 6 and the head on 1 rank"}
     # Without stages: as equal as the ranks split them by default (2, 2 and 2).
     equal = room.for_run(cluster(), tmp_path / "six", parallel="pipeline")
@@ -160,15 +163,18 @@ def test_without_the_layers_bytes_a_stage_needs_its_fraction_of_the_layers():
     assert stages.held["node2"] == "layer 6 of 6 on 1 rank"
 
 
-def test_stages_fitted_to_the_bytes_count_the_embeddings_and_head_on_the_edge_stages():
+def test_stages_fitted_to_the_bytes_count_each_stage_s_edges():
     from mlxcluster.launch import stages
 
-    # 12 layers of 1 GB, embeddings and head of 3 GB each, three equal Macs: dealt by layers the edge
-    # stages hold 7 GB and the middle one 4; fitted, every stage 6.
-    body = Body((GIB,) * 12, 3 * GIB, 3 * GIB, tied=False)
-    assert stages.fitted(body, [1.0, 1.0, 1.0]) == [3, 6, 3]
-    assert body.stage_bytes([3, 6, 3]) == [6 * GIB] * 3 and max(body.stage_bytes([4, 4, 4])) == 7 * GIB
-    # A tied head: the last stage holds the embeddings too.
+    # 12 layers of 1 GB, embeddings of 3 GB on every stage but an untied last one (a stage between
+    # keeps its placeholder's weight), a head of 6 GB on the last, three equal Macs: dealt by layers
+    # the last holds 10 GB and the others 7; fitted, every stage 8.
+    body = Body((GIB,) * 12, 3 * GIB, 6 * GIB, tied=False)
+    assert [body.edges(stage, 3) for stage in range(3)] == [3 * GIB, 3 * GIB, 6 * GIB]
+    assert stages.fitted(body, [1.0, 1.0, 1.0]) == [5, 5, 2]
+    assert body.stage_bytes([5, 5, 2]) == [8 * GIB] * 3 and max(body.stage_bytes([4, 4, 4])) == 10 * GIB
+    # One stage holds it all; a tied head: the last stage holds the embeddings too.
+    assert body.edges(0, 1) == 9 * GIB
     tied = Body((GIB,) * 12, 3 * GIB, 0, tied=True)
     assert stages.fitted(tied, [1.0, 1.0]) == [6, 6]
     # Uneven Macs, no edges: the layers' deal by memory; the fullest stage as little full as can be.

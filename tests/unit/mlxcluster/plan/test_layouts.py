@@ -26,8 +26,9 @@ def test_every_layout_the_cluster_allows_is_planned_and_the_rest_said_why():
     cluster = cluster_of({"node1": 1, "node2": 1, "node3": 1, "node4": 1})
     fits, refused = planned(cluster, {f"node{i}": 64 * GB for i in range(1, 5)},
                             tensor_problem="num_key_value_heads is 4, which 3 ranks do not divide")
-    # A stage per rank, the edges' stages lighter by the embeddings and the head; or two stages twice.
-    assert [f.layout.name for f in fits] == ["data", "pipeline 1,3,3,1", "pipeline 4,4 x 2"]
+    # A stage per rank, equal: every stage holds the embeddings (a stage after the first as its
+    # placeholder's weight, the last as its tied head); or two stages twice.
+    assert [f.layout.name for f in fits] == ["data", "pipeline 2,2,2,2", "pipeline 4,4 x 2"]
     assert refused == [("tensor", "num_key_value_heads is 4, which 3 ranks do not divide")]
     one_each = cluster_of({"node1": 1})
     fits, _ = planned(one_each, {"node1": 64 * GB})

@@ -1,7 +1,7 @@
-"""A step's time under a layout (mlxcluster/plan/speed.py), from the calibration's tokens/s per node
-and bench.links' slowest pair: the slowest share sets a data step, a ring all-reduce moves 2 (N-1)/N
-of its bytes, tensor parallelism splits the compute and sums activations per layer, a pipeline's
-bubble is (stages - 1) slots of its slowest stage."""
+"""A step's time under a layout (mlxcluster/plan/speed.py), from the calibration's pace per node (a
+fixed part a pass, then tokens/s) and bench.links' slowest pair: the slowest share sets a data step,
+a ring all-reduce moves 2 (N-1)/N of its bytes, tensor parallelism splits the compute and sums
+activations per layer, a pipeline's bubble is (stages - 1) slots of its slowest stage."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from mlxcluster.plan import ranks, speed
 from mlxcluster.plan.ranks import Layout
-from mlxcluster.plan.speed import Measures
+from mlxcluster.plan.speed import Measures, Pace
 from tests.unit.mlxcluster.launch.test_stages import layout as cluster_of
 from tests.unit.mlxcluster.plan.test_ranks import JOB
 
@@ -27,11 +27,37 @@ def seconds(layout: Layout, measures: Measures, slots=TWO, job=JOB_MEAN) -> floa
     return speed.step_seconds(job, layout, cluster, ranks.peaks(job, layout, cluster.world_size), measures)
 
 
-def test_a_rank_has_its_node_s_speed_shared_with_its_node_s_other_ranks():
-    assert Measures({"node1": 3000.0, "node2": 1000.0}).rank_speeds(cluster_of({"node1": 2, "node2": 1})) == [
-        1500.0, 1500.0, 1000.0]
-    assert Measures({"node1": 3000.0}).rank_speeds(cluster_of(TWO)) is None
+def test_a_rank_has_its_node_s_speed_shared_with_its_node_s_other_ranks_and_pays_its_own_fixed_part():
+    measures = Measures({"node1": 3000.0, "node2": 1000.0}, overheads={"node1": 0.25})
+    assert measures.rank_paces(cluster_of({"node1": 2, "node2": 1}), JOB) == [
+        Pace(1500.0, 0.25), Pace(1500.0, 0.25), Pace(1000.0, 0.0)]
+    assert Measures({"node1": 3000.0}).rank_paces(cluster_of(TWO), JOB) is None
     assert seconds(Layout("data"), Measures({"node1": 3000.0})) is None
+
+
+def test_a_node_s_pace_is_the_line_through_its_two_calibrated_steps():
+    # 1 row of 100 tokens in 1.5 s, 2 rows in 2.5 s: 0.5 s a step at any size, then 100 tokens/s.
+    assert speed.fitted((100.0, 1.5), (200.0, 2.5)) == Pace(pytest.approx(100.0), pytest.approx(0.5))
+    assert speed.fitted((200.0, 2.5), (100.0, 1.5)) == Pace(pytest.approx(100.0), pytest.approx(0.5))
+    assert Pace(100.0, 0.5).seconds(300.0) == pytest.approx(3.5)
+    assert Pace(100.0, 0.5).seconds(300.0, part=0.5) == pytest.approx(1.75)
+    # Noise: the larger step no slower, or slower than its share (a fixed part below zero): no fixed
+    # part, both steps' mean pace.
+    assert speed.fitted((100.0, 2.0), (200.0, 1.9)) == Pace(pytest.approx(300 / 3.9), 0.0)
+    assert speed.fitted((100.0, 1.0), (200.0, 3.0)) == Pace(pytest.approx(75.0), 0.0)
+
+
+def test_the_fixed_part_is_paid_in_full_by_a_data_share_a_tensor_shard_and_each_pipeline_micro_batch():
+    fixed = replace(FAST_AND_SLOW, overheads={"node1": 0.5, "node2": 0.5})
+    assert seconds(Layout("data"), fixed) == pytest.approx(0.5 + 1.6)
+    assert seconds(Layout("tensor"), fixed) == pytest.approx(0.5 + 8 * 400 / (2 * 1000))
+    even = Measures({"node1": 1000.0, "node2": 1000.0}, overheads={"node1": 0.5, "node2": 0.5})
+    # 4 micro-batches of 2 rows: each pass of the first stage's half of the layers pays half the fixed part.
+    slot = 0.5 * (0.5 + 2 * 400 / 1000) * speed.RECOMPUTE
+    assert seconds(Layout("pipeline", stages=(4, 4), micro_batches=4), even) == pytest.approx((4 + 1) * slot)
+    # With grad checkpointing against a calibration without, the fixed part is recomputed too.
+    recomputing = replace(JOB_MEAN, grad_checkpoint=True)
+    assert seconds(Layout("data"), fixed, job=recomputing) == pytest.approx((0.5 + 1.6) * speed.RECOMPUTE)
 
 
 def test_a_data_step_is_its_slowest_share_then_the_gradients_all_reduce():
@@ -69,7 +95,11 @@ def test_the_measures_are_the_calibration_s_speeds_and_the_newest_links_of_this_
     assert speed.measured(cluster_of(TWO), None, tmp_path) is None
     alone = speed.measured(cluster_of(TWO), calibration, tmp_path, "inv.yml")
     assert alone is not None and alone.speeds == {"node1": 900.0, "node2": 300.0} and alone.bandwidth is None
-    assert not alone.grad_checkpoint
+    assert not alone.grad_checkpoint and alone.overheads == {"node1": 0.0, "node2": 0.0}
+    node = {"tokens_per_second": 900.0, "marginal_tokens_per_second": 1200.0, "overhead_seconds": 0.3}
+    two_sizes = {**calibration, "nodes": {"node1": node}}
+    lined = speed.measured(cluster_of(TWO), two_sizes, tmp_path, "inv.yml")
+    assert lined is not None and lined.speeds == {"node1": 1200.0} and lined.overheads == {"node1": 0.3}
     checkpointed = speed.measured(cluster_of(TWO), {**calibration, "grad_checkpoint": True}, tmp_path,
                                   "inv.yml")
     assert checkpointed is not None and checkpointed.grad_checkpoint

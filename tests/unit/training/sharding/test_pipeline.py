@@ -95,7 +95,7 @@ def test_four_uneven_stages_train_one_process_s_lora(five_layers: Path):
 def test_a_first_stage_with_no_trained_layer_trains_one_process_s_lora_of_the_last_layers(five_layers: Path):
     # The last 2 of 5 layers trained, all on the second stage of 3 and 2: the first stage has no
     # parameter to train (its gradients an empty tree, which the optimizer once indexed and died on:
-    # bench.plan's SmolLM2 run with lora.yaml's 16 of 30 layers on 2 stages).
+    # bench.plan's SmolLM2 run with lora.yaml's last 8 of 30 layers on 2 stages of 15).
     root = five_layers
     single_run(root, "last-two-single", "--num-layers", "2")
     pipeline_run(root, "last-two", 2, "--num-layers", "2", "--pipeline-layers", "3,2")
