@@ -286,7 +286,7 @@ def _cell(rec: Recorded, cell: Cell, request: Request, cores: int | None,
         message = str(error).strip()
         return {**dataclasses.asdict(cell), "cell": cell.name,
                 "error": message.splitlines()[-1] if message else type(error).__name__}
-    found = json.loads((run_dir / "summary.json").read_text())
+    found = calibrate.summary_of(run_dir)
     return {**judged(cell, found.get("ranks") or [], cores, control), "run": str(run_dir)}
 
 

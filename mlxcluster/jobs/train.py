@@ -363,14 +363,12 @@ def execute(plan: Plan) -> Path:
     pulls = sync.CheckpointPulls(plan.cluster.head, plan.on_launcher, plan.results)
     start = time.perf_counter()
     try:
-        with relay.terminated_as_interrupted():  # a `kill` or `timeout` stops every rank as Ctrl-C does
+        with relay.terminated_as_interrupted():  # a `kill` stops every rank as Ctrl-C does
             relayed = relay.supervise(plan.cluster, plan.launch, plan.marker, on_line=pulls)
     except KeyboardInterrupt:
         pulls.wait(timeout=10)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             collect(plan, timeout=30)  # what arrived, if it comes quickly
-        except subprocess.TimeoutExpired:
-            pass
         runs.write_info(plan.results, info | {"status": "interrupted",
                                               "wall_time_s": round(time.perf_counter() - start, 1)})
         raise Interrupted(f"interrupted: every rank of run {plan.run_id} was stopped"

@@ -6,7 +6,8 @@ A node's pace is a line through its two calibrated steps: seconds per pass over 
 grow with its tokens (launching kernels, the optimizer's update, a GPU not yet full), then tokens/s
 past them. A small share, a tensor shard's whole batch and each pipeline micro-batch pay the fixed
 part in full (a pipeline micro-batch its stage's share of the layers), which one figure of tokens/s
-cannot say: taken at one batch size, it ran 27-43 % over bench.plan's larger batches.
+taken at one batch size cannot say (on the lab's CPUs the fixed part is within the noise; a Mac's
+GPU, which a small batch does not fill, is where it counts).
 
 - data: the slowest rank's share at its speed, then the gradients' all-reduce;
 - tensor: 1/N of the batch's compute on each rank, the slowest setting the pace, and four all-sums
@@ -56,13 +57,11 @@ def fitted(few: tuple[float, float], more: tuple[float, float]) -> Pace:
     """The line through two calibrated steps, (tokens, seconds) each. Noise that makes the larger
     step cost no more, or less than its share, leaves no fixed part: the mean pace of the two."""
     (tokens_few, seconds_few), (tokens_more, seconds_more) = sorted((few, more))
-    if tokens_more <= tokens_few or seconds_more <= seconds_few:
-        return Pace((tokens_few + tokens_more) / (seconds_few + seconds_more))
-    per_token = (seconds_more - seconds_few) / (tokens_more - tokens_few)
-    overhead = seconds_few - tokens_few * per_token
-    if overhead <= 0:
-        return Pace((tokens_few + tokens_more) / (seconds_few + seconds_more))
-    return Pace(1 / per_token, overhead)
+    if tokens_more > tokens_few and seconds_more > seconds_few:
+        per_token = (seconds_more - seconds_few) / (tokens_more - tokens_few)
+        if (overhead := seconds_few - tokens_few * per_token) > 0:
+            return Pace(1 / per_token, overhead)
+    return Pace((tokens_few + tokens_more) / (seconds_few + seconds_more))
 
 
 @dataclass(frozen=True)
