@@ -183,16 +183,22 @@ def run(c, inventory=None, interface=None, ship=None, backend=None, dry_run=Fals
     api_key_file="A file holding the key every request must send (Authorization: Bearer <key>)",
     max_tokens=whole("Default max_tokens of a request (default {default})", serving.Options.max_tokens,
                      1, 1_000_000),
+    context=whole("The longest request served, its prompt and answer, in tokens (default: the model's "
+                  "own context); a shorter one needs less memory for its key-value cache", None, 16,
+                  10_000_000),
+    prompt_cache=whole("Prompts whose caches the server keeps for a later request that begins alike "
+                       "(default: as many as the nodes' memory holds, at most 10)", None, 0, 1000),
     batch="Batch the requests as mlx_lm.server does, adapters mixed in a batch (default); "
           "--no-batch: one at a time, each as mlx_lm generate answers it",
     backend="auto (default), mpi, ring, jaccl or jaccl-ring"), iterable=["run"])
 def serve(c, inventory=None, run=None, model=None, parallel=None, host=None, port=None,
-          api_key_file=None, max_tokens=None, batch=True, backend=None, threads=None, dry_run=False):
+          api_key_file=None, max_tokens=None, context=None, prompt_cache=None, batch=True, backend=None,
+          threads=None, dry_run=False):
     """Serve what was trained behind an OpenAI-compatible API, across the cluster (Ctrl-C stops it)."""
     serving.serve(recorded(_inventory(c, inventory)), serving.Options(
         runs=tuple(run or ()), model=model, parallel=parallel, host=host, port=port,
-        api_key_file=api_key_file, max_tokens=max_tokens, batch=batch, backend=backend, threads=threads,
-        dry_run=dry_run))
+        api_key_file=api_key_file, max_tokens=max_tokens, context=context, prompt_cache=prompt_cache,
+        batch=batch, backend=backend, threads=threads, dry_run=dry_run))
 
 
 @task(flags=Flags(

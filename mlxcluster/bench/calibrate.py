@@ -118,7 +118,10 @@ def summary_of(run_dir: Path) -> dict[str, Any]:
 
 def measure(rec: Recorded, the_plan: Plan) -> dict[str, Any]:
     """Every training node alone, one after the other: the calibration entry (not yet kept)."""
-    doctor.preflight(rec.cluster, room.for_run(rec.cluster, the_plan.request.model))
+    asked = the_plan.request  # each node alone, at the first run's batch (the larger)
+    doctor.preflight(rec.cluster, room.largest(
+        room.for_planned_run(rec.cluster.only(node), asked.model, asked.data, asked.overrides,
+                             config=asked.config) for node in rec.cluster.training_nodes))
     nodes, run_dirs = {}, {}
     for node in rec.cluster.training_nodes:
         print(f"==> calibrate: {node.name} alone, {the_plan.per_rank} example"

@@ -377,8 +377,11 @@ def run(rec: Recorded, *, iters: int = 40, rounds: int = 3, types: str | None = 
     window(iters)  # refused before anything is sent
     layout = rec.cluster.only(rec.cluster.head)  # one process, with every core of the node
     data_dir, model_dir = inputs.resolve(rec.cluster, data, model)
-    doctor.preflight(layout, room.for_run(layout, model_dir))
     settings = {**SETTINGS, "num_layers": layers_for(model_dir)}
+    shared = ["--batch-size", str(settings["batch_size"]), "--num-layers", str(settings["num_layers"]),
+              "--max-seq-length", str(settings["max_seq_length"])]
+    doctor.preflight(layout, room.largest(  # the heaviest of the types compared
+        room.for_planned_run(layout, model_dir, data_dir, [*shared, "--fine-tune-type", t]) for t in chosen))
     by_type = {t: compare(layout, data_dir, model_dir, iters=iters, rounds=rounds, settings=settings,
                           fine_tune_type=t) for t in chosen}
     found = result(inventory=rec.inventory, node=layout.head.name, model=model_dir, data=data_dir,

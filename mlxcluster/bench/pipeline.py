@@ -347,7 +347,8 @@ def run(rec: Recorded, *, nodes: str | None = None, pipeline_stages: int | None 
     request = Request(data_dir, model_dir, overrides=overrides, threads=threads)
     for count, mode, stages in plan[1:]:
         parallelism.check(layouts[count], model_dir, _base_mode(mode), stages=stages)
-    needs = (room.for_run(layouts[count], model_dir, parallel=_base_mode(mode)) for count, mode, _ in plan)
+    needs = (room.for_planned_run(layouts[count], model_dir, data_dir, overrides, parallel=_base_mode(mode))
+             for count, mode, _ in plan)
     doctor.preflight(rec.cluster, room.largest(needs))
     measured, run_dirs = _measured(rec, plan, layouts, request)
     layers = layer_count(model_store.shape_of(str(model_dir)) or {}) or 0

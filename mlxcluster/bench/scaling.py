@@ -272,8 +272,9 @@ def run(rec: Recorded, *, nodes: str | None = None, parallel: str | None = None,
     if stock:
         ours = run_settings.read(None, overrides)
         overhead.window(ours.iters, ours.steps_per_report)
-    doctor.preflight(rec.cluster, room.largest(room.for_run(layouts[count], model_dir, parallel=mode)
-                                               for count, mode in plan))
+    doctor.preflight(rec.cluster, room.largest(
+        room.for_planned_run(layouts[count], model_dir, data_dir, overrides, parallel=mode)
+        for count, mode in plan))
     rows, run_dirs = _our_runs(rec, plan, layouts, request, f"{iters} steps of global batch {batch_size}")
     if stock:
         rows.append(_stock_row(layouts[1], request))

@@ -364,8 +364,9 @@ def run(rec: Recorded, *, nodes: str | None = None, model: str | None = None, re
     for n, layout in layouts.items():
         if n > 1:
             parallel.check(layout, model_dir, "tensor")
-    doctor.preflight(rec.cluster, room.largest([room.for_run(layout, model_dir, parallel="tensor" if n > 1
-                                                             else "data") for n, layout in layouts.items()]))
+    doctor.preflight(rec.cluster, room.largest([
+        room.for_server(layout, model_dir, "tensor" if n > 1 else "single", context=None)
+        for n, layout in layouts.items()]))
     when = results.stamp()
     work = REPO / "build" / "bench-serve" / when
     adapters = [work / "lora", work / "lora-b"]

@@ -112,12 +112,13 @@ def run(rec: Recorded, *, nodes: str | None = None, iters: int = 30,
     sharded = rec.cluster.first_nodes(int(nodes)) if nodes else rec.cluster
     data_dir, model_dir = inputs.resolve(rec.cluster, data, model)
     parallel.check(sharded, model_dir, "tensor")
-    doctor.preflight(rec.cluster, room.largest([room.for_run(rec.cluster.first_nodes(1), model_dir),
-                                                room.for_run(sharded, model_dir, parallel="tensor")]))
     batch = batch_size or 4
     overrides = ["--iters", str(iters), "--batch-size", str(batch), "--steps-per-report", "5",
                  "--steps-per-eval", str(max(iters // 3, 1)), "--save-every", str(iters),
                  *shlex.split(extra)]
+    doctor.preflight(rec.cluster, room.largest([
+        room.for_planned_run(rec.cluster.first_nodes(1), model_dir, data_dir, overrides),
+        room.for_planned_run(sharded, model_dir, data_dir, overrides, parallel="tensor")]))
     run_dirs = {}
     for name, layout, flags in (("single", rec.cluster.first_nodes(1), []),
                                 ("tensor", sharded, ["--parallel", "tensor"])):

@@ -341,8 +341,7 @@ def _room(nodes: Sequence[Node], facts: Facts, need: room.Need | None) -> list[C
             checks.append(Check(node.name, "free memory", ok,
                                 f"{_size(free)} free, need ~{_size(want)} for "
                                 f"{need.held[node.name]}",
-                                "" if ok else "close other programs, or train a smaller or quantized model "
-                                "(or --parallel tensor, which splits it across the nodes)"))
+                                "" if ok else need.fix))
         if disk is not None:
             ok = disk >= need.disk
             checks.append(Check(node.name, "free disk", ok,

@@ -20,12 +20,15 @@ read from the safetensors headers (mlxcluster/plan/model.py: no weight is read).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from mlxcluster.describe.cluster import Cluster
 from mlxcluster.launch import quantized
+from mlxcluster.launch import settings as run_settings
+from mlxcluster.plan import of_run, serving
 from mlxcluster.plan.memory import PROCESS_BYTES
 from mlxcluster.plan.model import Weights, weights
 from training.data import shares
@@ -36,6 +39,10 @@ MEMORY_FACTOR = 1.5
 DISK_FACTOR = 2.0
 
 
+TRAINING_FIX = ("close other programs, or train a smaller or quantized model "
+                "(or --parallel tensor, which splits it across the nodes)")
+
+
 @dataclass(frozen=True)
 class Need:
     """What a run needs of each node: disk for the model folder, memory for its ranks' weights."""
@@ -43,6 +50,7 @@ class Need:
     disk: int  # bytes of free disk under cluster_root, on every node
     memory: Mapping[str, int]  # node -> bytes of free memory
     held: Mapping[str, str]  # node -> what its ranks hold, in words (`the whole model on 2 ranks`)
+    fix: str = TRAINING_FIX  # what to do where a node's memory cannot give it
 
     @classmethod
     def whole(cls, cluster: Cluster, stored: int) -> Need:
@@ -160,4 +168,30 @@ def largest(needs: Iterable[Need | None]) -> Need | None:
         for node, want in one.memory.items():
             if want > memory.get(node, -1):
                 memory[node], held[node] = want, one.held[node]
-    return Need(max(n.disk for n in known), memory, held)
+    return Need(max(n.disk for n in known), memory, held, known[0].fix)
+
+
+def for_planned_run(cluster: Cluster, model: Path, data: Path | None, overrides: Sequence[str], *,
+                    parallel: str = "data", config: Path | None = None) -> Need | None:
+    """What a run of the default settings (or `config`'s) with `overrides`, in `parallel` mode, needs
+    of each node, planned as `invoke train` plans it: a benchmark's preflight (None: the model's
+    size is not known here)."""
+    settings = run_settings.read(config, [*overrides, "--parallel", parallel])
+    peaks = of_run.planned_peaks(cluster, settings, model, data)
+    return for_run(cluster, model, parallel=parallel, peaks=[t.total for t in peaks] if peaks else None)
+
+
+def for_server(cluster: Cluster, model_dir: Path, mode: str, *, context: int | None,
+               adapters: Sequence[Path] = (), stages: Sequence[int] | None = None) -> Need | None:
+    """What each node of a server (mlxcluster/plan/serving.py) must hold: its ranks' peaks and
+    processes, said with the context served, and the fix where a node cannot (None: the model's
+    size is not known here)."""
+    server = serving.for_server(model_dir, mode, world=cluster.world_size, context=context,
+                                adapters=adapters, stages=stages)
+    held = mode if mode in ("tensor", "pipeline") else "data"
+    found = for_run(cluster, model_dir, parallel=held, dequantize_ranks=(), stages=stages,
+                    peaks=[t.total for t in server.ranks] if server else None)
+    if found is None or server is None:
+        return found
+    words = {node: f"{what}, a request of {server.context:,} tokens" for node, what in found.held.items()}
+    return dataclasses.replace(found, held=words, fix=serving.fix(server))

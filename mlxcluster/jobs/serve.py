@@ -16,6 +16,7 @@ the node named and a non-zero exit.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import http.client
 import json
 import shlex
@@ -30,6 +31,8 @@ from mlxcluster.check import doctor, room
 from mlxcluster.describe.cluster import Cluster, Node, Recorded
 from mlxcluster.errors import Interrupted, UserError
 from mlxcluster.launch import builder, parallel, quantized, relay, remote, runs, shipment, stages, sync
+from mlxcluster.plan import model as model_files
+from mlxcluster.plan import serving as serving_plan
 from mlxcluster.provision import inputs
 from training.data import shares
 from training.serve import READY, front
@@ -69,6 +72,8 @@ class Options:
     port: int = 8080
     api_key_file: str | None = None
     max_tokens: int = 512
+    context: int | None = None  # the longest request served, prompt and answer (None: the model's own)
+    prompt_cache: int | None = None  # prompts whose caches are kept (None: as many as the nodes hold)
     batch: bool = True  # mlx_lm.server's batching, adapters mixed; False: one request at a time
     backend: str | None = None
     threads: int | None = None
@@ -164,6 +169,23 @@ class Plan:
     notices: tuple[str, ...]
     marker: str  # what names the server's processes on the launcher
     stages: tuple[int, ...] | None = None  # each rank's layers in pipeline mode (None: not, or equal)
+    adapters: tuple[Path, ...] = ()  # the runs whose adapters are served
+    context: int | None = None  # the longest request served (None: the model's own context)
+
+
+def check_context(context: int | None, model: Path) -> None:
+    """--context is at most the model's own context (its config.json's, where it says one)."""
+    shape = model_files.Shape.of(model_files.read_config(model)) if context else None
+    if context and shape and shape.positions and context > shape.positions:
+        raise UserError(f"--context {context}: {model.name} reads at most {shape.positions} tokens "
+                        f"(its config.json); give --context {shape.positions} or less, or leave it out")
+
+
+def server_plan(the_plan: Plan) -> serving_plan.Server | None:
+    """Each serving rank's peak (mlxcluster/plan/serving.py; None: the model's files do not say)."""
+    return serving_plan.for_server(the_plan.model, the_plan.mode, world=the_plan.cluster.world_size,
+                                   context=the_plan.context, adapters=the_plan.adapters,
+                                   stages=the_plan.stages)
 
 
 def layout(rec: Recorded, mode: str) -> Cluster:
@@ -174,6 +196,7 @@ def plan(rec: Recorded, options: Options, serve_id: str) -> Plan:
     """The server as commands; nothing is run."""
     what = served(options)
     cluster = layout(rec, what.mode)
+    check_context(options.context, what.model)
     if what.mode == "tensor":
         parallel.check(cluster, what.model, "tensor")
     counts, whence = (stage_layers(what.runs, what.model, cluster.world_size) if what.mode == "pipeline"
@@ -205,6 +228,8 @@ def plan(rec: Recorded, options: Options, serve_id: str) -> Plan:
     program = ["python", "-m", "training.serve", "--model", placed_model, "--base-name", what.model.name,
                *flags, "--host", options.host, "--port", str(options.port),
                "--max-tokens", str(options.max_tokens), "--expected-world-size", str(cluster.world_size),
+               *(["--context", str(options.context)] if options.context else []),
+               *([] if options.prompt_cache is None else ["--prompt-cache-size", str(options.prompt_cache)]),
                "--tag", marker, "--await-reason", str(AWAIT_REASON_SECONDS), *key_flags,
                *([] if options.batch else ["--no-batch"]), *mode_flags(what.mode, counts)]
     choice = builder.choice_for(cluster, options.backend)
@@ -218,7 +243,7 @@ def plan(rec: Recorded, options: Options, serve_id: str) -> Plan:
                "key can use the API"] if options.host not in LOOPBACK else []))
     return Plan(what.model, what.mode, cluster, steps, builder.command(cluster, job), tunnel,
                 f"http://{reached_at(head, options.host)}:{options.port}/v1", options.port, notices, marker,
-                counts)
+                counts, what.runs, options.context)
 
 
 def mode_flags(mode: str, counts: Sequence[int] | None) -> list[str]:
@@ -353,7 +378,8 @@ def tell_front(url: str, reason: str) -> bool:
 
 def serve(rec: Recorded, options: Options) -> None:
     """invoke serve."""
-    the_plan = plan(rec, options, runs.new_id())
+    serve_id = runs.new_id()
+    the_plan = plan(rec, options, serve_id)
     if options.dry_run:
         for line in the_plan.notices:
             print(f"# {line}")
@@ -364,9 +390,16 @@ def serve(rec: Recorded, options: Options) -> None:
         return
     # The nodes' checks (of the cluster as provisioned: its hostfiles are the whole cluster's),
     # and memory for what each serving rank will hold, before anything is sent.
-    held = the_plan.mode if the_plan.mode in SPREAD else "data"
     check_host(the_plan.cluster.head, options.host)
-    doctor.preflight(rec.cluster, room.for_run(the_plan.cluster, the_plan.model, parallel=held,
-                                               dequantize_ranks=(), stages=the_plan.stages))
+    gathered = doctor.gather(rec.cluster)
+    doctor.preflight(rec.cluster, room.for_server(the_plan.cluster, the_plan.model, the_plan.mode,
+                                                    context=the_plan.context, adapters=the_plan.adapters,
+                                                    stages=the_plan.stages), gathered)
+    if options.prompt_cache is None:
+        # The prompt cache keeps whole requests' caches: as many as every node holds beyond the
+        # request in flight (mlx-lm's 10 at most), the same number on every rank, so they agree.
+        kept = serving_plan.kept_prompts(server_plan(the_plan), the_plan.cluster, doctor.memory_of(gathered))
+        the_plan = plan(rec, dataclasses.replace(options, prompt_cache=kept), serve_id)
+        print(f"==> keeping the caches of up to {kept} prompts (what the nodes' memory holds)", flush=True)
     execute(the_plan)
 

@@ -113,3 +113,4 @@ def default_run_peaks(cluster: Cluster, model: Path, parallel: str,
     data = inputs.DEMO_DATA_DIR if (inputs.DEMO_DATA_DIR / "train.jsonl").is_file() else None
     peaks = planned_peaks(cluster, settings, model, data, stages=stages)
     return [t.total for t in peaks] if peaks else None
+

@@ -70,6 +70,10 @@ class Job:
         whole = self.weights.dequantized if rank in self.dequantize_ranks else self.weights.stored
         return round(whole * fraction)
 
+    def packed(self, rank: int) -> bool:
+        """Whether `rank` trains on the model's quantized weights as they are packed."""
+        return self.weights.quantized and rank not in self.dequantize_ranks
+
     @property
     def itemsize(self) -> int:
         return self.weights.float_itemsize
@@ -96,13 +100,13 @@ class Layout:
 def _tensor_linear(linear: Linear, attention: float, mlp: float) -> Linear:
     """A tensor-parallel rank's part of a linear: `attention` of an attention linear (its head
     groups), `mlp` of any other (its hidden units)."""
-    part = attention if _is_attention(linear) else mlp
+    kept = attention if is_attention(linear) else mlp
     if linear.path.rpartition(".")[2] in ROW_SPLIT:
-        return replace(linear, inputs=max(round(linear.inputs * part), 1))
-    return replace(linear, outputs=max(round(linear.outputs * part), 1))
+        return replace(linear, inputs=max(round(linear.inputs * kept), 1))
+    return replace(linear, outputs=max(round(linear.outputs * kept), 1))
 
 
-def _is_attention(linear: Linear) -> bool:
+def is_attention(linear: Linear) -> bool:
     return "attn" in linear.path or "attention" in linear.path
 
 
@@ -133,7 +137,7 @@ def data_ranks(job: Job, layout: Layout, world: int) -> list[Terms]:
     for rank, share in enumerate(shares):
         rows = max(share_rules.cut(share, micro)[0], 1)
         work = Work(rows, job.length, job.shape.layers, len(trained), job.grad_checkpoint,
-                    compiled=job.compiled)
+                    compiled=job.compiled, quantized=job.packed(rank))
         result.append(_terms(job, job.shape, work, job.held(rank, 1.0), job.weights.linears, trained))
     return result
 
@@ -143,8 +147,8 @@ def tensor_ranks(job: Job, world: int) -> list[Terms]:
     split as training/sharding splits them (parts.bounds: a rank of 2 holds 2 of 3 key-value
     groups, the other 1), the weights in the same parts, and the whole batch."""
     shape = job.shape
-    attention = sum(_size(x) for x in job.weights.linears if _is_attention(x))
-    mlp = sum(_size(x) for x in job.weights.linears) - attention
+    attention = sum(size(x) for x in job.weights.linears if is_attention(x))
+    mlp = sum(size(x) for x in job.weights.linears) - attention
     vocab = shape.vocab * shape.hidden
     trained = set(job.trained)
     work = Work(job.batch_size, job.length, shape.layers, len(trained), job.grad_checkpoint,
@@ -153,7 +157,7 @@ def tensor_ranks(job: Job, world: int) -> list[Terms]:
     cutting = VOCABULARY_CUT * _embedding_bytes(job)
     result = []
     for rank in range(world):
-        groups, units, words = (_part(total, world, rank)
+        groups, units, words = (part(total, world, rank)
                                 for total in (max(shape.kv_heads, 1), shape.mlp, shape.vocab))
         shard = replace(shape, kv_heads=round(groups * shape.kv_heads), heads=round(groups * shape.heads),
                         mlp=round(units * shape.mlp), vocab=round(words * shape.vocab))
@@ -178,12 +182,12 @@ def _embedding_bytes(job: Job) -> int:
     return body.embeddings if body is not None else job.shape.vocab * job.shape.hidden * job.itemsize
 
 
-def _part(total: int, world: int, rank: int) -> float:
+def part(total: int, world: int, rank: int) -> float:
     start, stop = parts.bounds(total, world, rank)
     return (stop - start) / total
 
 
-def _size(linear: Linear) -> int:
+def size(linear: Linear) -> int:
     return linear.inputs * linear.outputs * linear.experts
 
 

@@ -774,8 +774,10 @@ def serving(cluster, *args: str) -> Iterator[subprocess.Popen]:
     server = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               stdin=subprocess.DEVNULL, preexec_fn=_ctrl_c_as_at_a_terminal)
     assert server.stdout is not None and server.stderr is not None
+    server.said = []  # type: ignore[attr-defined]  # what it printed until the API was up
     try:
         for line in server.stdout:
+            server.said.append(line)  # type: ignore[attr-defined]
             if "==> the API is at" in line:
                 break
         else:
@@ -873,13 +875,17 @@ def test_serve_a_data_parallel_run_in_one_process_on_the_launcher(provisioned, t
 
     _, dora = two_adapters
     expected = stock_answer(tiny_inputs[0], dora, "Ahoy?", 8)
-    with serving(provisioned, "--run", dora.name) as server:
+    with serving(provisioned, "--run", dora.name, "--context", "256") as server:
         assert len(rank_pids(provisioned, 1)) == 1 and serve_pids(provisioned, 2) == []
+        # The nodes hold the tiny model's request many times over: mlx-lm's 10 prompts' caches.
+        assert "==> keeping the caches of up to 10 prompts (what the nodes' memory holds)\n" in server.said
         api = openai.OpenAI(base_url=f"http://127.0.0.1:{serve_port(provisioned)}/v1", api_key="unused",
                             max_retries=0)
         asked = api.chat.completions.create(model=dora.name, max_tokens=8, temperature=0,
                                             messages=[{"role": "user", "content": "Ahoy?"}])
         assert asked.choices[0].message.content == expected.text
+        with pytest.raises(openai.BadRequestError, match="over the context of 256 tokens this server takes"):
+            api.completions.create(model=dora.name, max_tokens=8, prompt="Ahoy! " * 60)
         server.send_signal(signal.SIGTERM)  # as a service manager stops it
         _, stderr = server.communicate(timeout=60)
     assert server.returncode == 130 and "every rank of the server" in stderr, stderr[-2000:]

@@ -42,6 +42,10 @@ def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--api-key-file", type=Path,
                         help="A file holding the API key every request must send")
     parser.add_argument("--max-tokens", type=int, default=512, help="Default max_tokens of a request")
+    parser.add_argument("--context", type=int, help="The longest request served, prompt and answer, in "
+                        "tokens (default: the model's context; longer requests are a 400)")
+    parser.add_argument("--prompt-cache-size", type=int, help="Prompts whose caches are kept for a later "
+                        "request with the same beginning (default: mlx_lm.server's 10); every rank the same")
     parser.add_argument("--expected-world-size", type=int, help="Ranks the launcher was asked for")
     parser.add_argument("--parallel", choices=PARALLEL, default="tensor",
                         help="How several ranks hold the base: tensor (each a shard of every layer, the "
@@ -68,6 +72,14 @@ def layer_counts(text: str) -> list[int]:
         return [int(part) for part in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: give whole numbers, one per rank: 10,14,6") from None
+
+
+def served_context(given: int | None, config: Mapping[str, Any]) -> int | None:
+    """The longest request served: --context, at most the model's own context (None: neither said)."""
+    from training.serve import server
+
+    own = server.context_length(config)
+    return min(given, own) if given and own else given or own
 
 
 def watch(generator: Any, grace: float = 2.0) -> None:
@@ -120,9 +132,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
     config = json.loads((Path(args.model) / "config.json").read_text())
     provider = server.Provider(
         server.cli_args(args.model, max_tokens=args.max_tokens, trust_remote_code=args.trust_remote_code),
-        served, base_name, BASE if default == base_name else default, server.context_length(config),
+        served, base_name, BASE if default == base_name else default, served_context(args.context, config),
         batch=args.batch)
-    generator = server.Generator(provider, server.prompt_cache(provider))
+    generator = server.Generator(provider, server.prompt_cache(provider, args.prompt_cache_size))
     if group.rank() != 0:
         generator.join()  # returns only when generation stopped: a rank went away
         return 1

@@ -10,8 +10,8 @@ the other ranks, which run the same generation steps.
 What is ours:
 - the `model` field picks the base or an adapter (training/serve/model.py switches them); a name
   the server does not have, or mlx-lm's own `adapters` field, is a 400 that lists what it has;
-- /v1/models lists the base and each adapter;
-- a prompt that with its max_tokens would not fit the model's context is a 400;
+- /v1/models lists the base and each adapter; /health says rank 0's memory now and at its peak;
+- a prompt that with its max_tokens would not fit the context served (the model's, or --context) is a 400;
 - an API key, when one is set: every request without `Authorization: Bearer <key>` is a 401;
 - requests are batched as mlx-lm batches them (its continuous batching and prompt cache), requests
   for different adapters in one batch, each row answered with its own adapter
@@ -233,6 +233,19 @@ class Handler(APIHandler):
         if self.path == "/health" or self._authorized():
             super().do_GET()
 
+    def handle_health_check(self) -> None:
+        """mlx-lm's /health, with rank 0's memory: what MLX holds now and at its peak since the server
+        started (bytes), to hold the serving plan (mlxcluster/plan/serving.py) to."""
+        import mlx.core as mx
+
+        healthy = self.response_generator.is_healthy
+        self._set_completion_headers(200 if healthy else 503)
+        self.end_headers()
+        self.wfile.write(json.dumps({"status": "ok" if healthy else "unavailable",
+                                     "active_memory_bytes": mx.get_active_memory(),
+                                     "peak_memory_bytes": mx.get_peak_memory()}).encode())
+        self.wfile.flush()
+
     def validate_model_parameters(self) -> None:
         super().validate_model_parameters()
         self.provider.resolve(self.requested_model)
@@ -244,7 +257,7 @@ class Handler(APIHandler):
         self._check_context()
 
     def _check_context(self) -> None:
-        """A prompt that, with max_tokens, would not fit the model's context is refused, as OpenAI does."""
+        """A prompt that, with max_tokens, would not fit the context served is refused, as OpenAI does."""
         limit = self.provider.context_length
         if not limit:
             return
@@ -262,7 +275,8 @@ class Handler(APIHandler):
             return
         if tokens + self.max_tokens > limit:
             raise ValueError(f"the prompt is {tokens} tokens and max_tokens {self.max_tokens}: over the "
-                             f"model's context of {limit} tokens; shorten the prompt or lower max_tokens")
+                             f"context of {limit} tokens this server takes (the model's, or invoke serve "
+                             "--context); shorten the prompt or lower max_tokens")
 
     def handle_models_request(self) -> None:
         self._set_completion_headers(200)
@@ -273,13 +287,14 @@ class Handler(APIHandler):
         self.wfile.flush()
 
 
-def prompt_cache(provider: Provider) -> LRUPromptCache:
-    """mlx_lm.server's prompt cache when batching (a request's cached prefix is not computed again),
-    kept apart per adapter when a batch mixes them; none one at a time, where each request is
-    computed whole as mlx_lm generate computes it."""
+def prompt_cache(provider: Provider, size: int | None = None) -> LRUPromptCache:
+    """mlx_lm.server's prompt cache of `size` prompts (None: its own 10) when batching (a request's
+    cached prefix is not computed again), kept apart per adapter when a batch mixes them; none one
+    at a time, where each request is computed whole as mlx_lm generate computes it."""
+    kept = STOCK_PROMPT_CACHE if size is None else size
     if provider.mixing is not None:
-        return PromptCaches(provider.picks, STOCK_PROMPT_CACHE)
-    return LRUPromptCache(STOCK_PROMPT_CACHE if provider.batch else 0)
+        return PromptCaches(provider.picks, kept)
+    return LRUPromptCache(kept if provider.batch else 0)
 
 
 def handler_class(api_key: str | None) -> type[Handler]:

@@ -194,3 +194,12 @@ def test_more_ranks_than_layers_is_refused_in_pipeline_mode_with_what_to_do(tmp_
     # A model whose layers are not said here: the ranks split them equally, and check them on load.
     unknown = plan(run(tmp_path, "20261125-132", fake_inputs.model("/m/tiny"), "pipeline"))
     assert unknown.stages is None and unknown.launch[-1].endswith("--parallel pipeline")
+
+
+def test_the_context_and_the_prompt_cache_asked_for_reach_the_ranks(tmp_path: Path):
+    model = fake_inputs.model("/m/tiny")
+    line = plan(run(tmp_path, "20261125-105", model, "data"), context=4096, prompt_cache=3).launch[-1]
+    assert "--max-tokens 512 --expected-world-size 1 --context 4096 --prompt-cache-size 3 " in line
+    # Not asked for: the model's own context, and mlx-lm's prompt cache until the nodes are probed.
+    line = plan(run(tmp_path, "20261125-106", model, "data")).launch[-1]
+    assert "--context" not in line and "--prompt-cache-size" not in line

@@ -261,7 +261,7 @@ def test_bad_requests_get_a_4xx_that_says_why_and_the_server_goes_on(server: Ser
     assert code == 400 and "max_tokens" in error_of(text)
     code, text = curl(server, "/chat/completions", {"model": "pirate", "max_tokens": CONTEXT - 10,
                                                     "messages": [{"role": "user", "content": "x" * 80}]})
-    assert code == 400 and f"over the model's context of {CONTEXT} tokens" in error_of(text)
+    assert code == 400 and f"over the context of {CONTEXT} tokens this server takes" in error_of(text)
     code, text = curl(server, "/chat/completions", {"model": "pirate", "adapters": "/elsewhere",
                                                     "messages": [{"role": "user", "content": "hi"}]})
     assert code == 400 and "adapters field is not taken" in error_of(text)
