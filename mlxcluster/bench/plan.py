@@ -260,13 +260,22 @@ class Calibrated:
         return float(calibrate.summary_of(run_dir)["tokens_per_second"]) / self.speed
 
 
-def _calibrate(rec: Recorded, count: int, model: Path, data: Path, cell: Cell, iters: int,
+def calibration_rows(group: Sequence[Cell]) -> int:
+    """The most examples a rank of these cells runs at once: a whole batch (one node, or tensor
+    parallelism; a data or pipeline rank runs its share or micro-batch, fewer)."""
+    return max(cell.batch_size for cell in group)
+
+
+def _calibrate(rec: Recorded, count: int, model: Path, data: Path, group: Sequence[Cell], iters: int,
                threads: int | None, extra: str) -> Calibrated:
-    """Each of the first `count` nodes alone at the group's model and length (bench.calibrate)."""
+    """Each of the first `count` nodes alone at the group's model and length (bench.calibrate), at
+    the most rows any rank of the group runs (a 1-node or tensor cell's whole batch), then half as
+    many: the cells' steps are planned between the two points, not beyond them."""
+    cell = group[0]
     sub = dataclasses.replace(rec, cluster=rec.cluster.first_nodes(count))
     flags = f"--max-seq-length {cell.length}{' --grad-checkpoint' if cell.grad_checkpoint else ''} {extra}"
-    the_plan = calibrate.plan(sub, iters=iters, batch_size=cell.batch_size, data=str(data), model=str(model),
-                              config=None, threads=threads, extra=flags.strip())
+    the_plan = calibrate.plan(sub, iters=iters, batch_size=calibration_rows(group) * count, data=str(data),
+                              model=str(model), config=None, threads=threads, extra=flags.strip())
     entry = calibrate.measure(sub, the_plan)
     batch_shares.add_calibration(rec.calibration, entry)
     first = rec.cluster.training_nodes[0].name
@@ -313,7 +322,7 @@ def run(rec: Recorded, *, nodes: Sequence[int] = COUNTS, parallel: Sequence[str]
     cores = os.cpu_count() if Path(rec.inventory).resolve().is_relative_to(LAB_ROOT) else None
     rows = []
     for (kind, _length), group in _groups(cells):
-        calibrated = _calibrate(rec, max(nodes), models[kind], data_dir, group[0], iters, threads, extra)
+        calibrated = _calibrate(rec, max(nodes), models[kind], data_dir, group, iters, threads, extra)
         request = Request(data_dir, models[kind], overrides=overrides, threads=threads)
         # The control only where the machine's speed is shared (lab nodes on this machine).
         rows += [_cell(rec, cell, request, cores, calibrated if cores else None) for cell in group]

@@ -1,17 +1,18 @@
 """What one serving rank holds at its peak (`invoke serve`), term by term, in the accounting of a
 training rank's (mlxcluster/plan/memory.py): its weights as it holds them, the key-value cache of
-one request as long as the served context, and the prefill of that request's last chunk.
+one request as long as the served context, and the prefill of that request's largest chunk.
 
-- weights: the whole base, a tensor-parallel rank's shard (its heads, its MLP units and its part
-  of the vocabulary, as the training plan splits them) or a pipeline stage's layers and edges;
+- weights: the whole base, a tensor-parallel rank's shard (its heads and MLP units, split as
+  training splits them, and the vocabulary whole) or a pipeline stage's layers and edges;
   each adapter's LoRA matrices beside them;
 - the key-value cache: mlx-lm's KVCache keeps each layer's keys and values of every token so far,
   in the activations' dtype, grown 256 tokens at a time; a rank caches the layers it runs and the
   key-value heads it holds;
 - the prefill: mlx-lm reads a prompt in chunks of 2048 tokens (prefill_step_size), each chunk one
-  layer at a time, the last chunk's attention over the whole context: the working set of a
-  forward pass (memory.py's, uncompiled: generation is not compiled) of the chunk, its scores over
-  the context's keys. Only the last token's logits are made.
+  layer at a time, attending to every token up to its end: the largest chunk's working set, in
+  widths of the hidden state, of the MLP and of the scores (heads times the keys so far), with
+  coefficients of its own (a forward pass with no backward to keep, measured on the server). Only
+  the last token's logits are made.
 
 The rule a server is held to is vLLM's: it must hold at least one request as long as the context
 it serves (a prompt and its max_tokens; the server refuses longer ones). Requests served at once
@@ -41,7 +42,7 @@ LORA_BYTES = memory.LORA_ITEMSIZE
 # on `python -m training.serve`'s /health peaks: two stand-ins (hidden 192 and 384, MLP 512 and 768,
 # 6 and 4 heads, vocabularies of 1000 and 8000) at prompts of 600-4000 tokens; one layer's forward at
 # a time, the vocabulary's logits for the last token only. SmolLM2-135M read by mlx-lm's
-# stream_generate at 300-2100 tokens was 3-9 % under these.
+# stream_generate at 300-2100 tokens peaked 3-9 % under what these give.
 PREFILL_HIDDEN, PREFILL_MLP, PREFILL_SCORES = 6.8, 4.7, 1.0
 # A tensor-parallel rank's chunk holds more of the whole hidden state: its linears' partial outputs
 # and their sums across the ranks (rank 0 of 2 on the stand-in of hidden 192: 4.3 widths more).

@@ -38,6 +38,9 @@ def test_the_grid_runs_one_node_data_parallel_only_and_every_parallelism_on_more
                                                          ("4bit", 256)]
     assert Cell(3, "pipeline", "4bit", 2, 128, True).flags() == [
         "--batch-size", "2", "--max-seq-length", "128", "--grad-checkpoint", "--parallel", "pipeline"]
+    # Each group calibrates at the whole largest batch (a 1-node or tensor rank's), then half of it:
+    # its cells' steps are planned between the two points.
+    assert [bench.calibration_rows(group) for _, group in bench._groups(cells)] == [4, 4, 4, 4]
 
 
 def test_a_cell_meets_the_memory_aim_from_5_percent_under_to_15_over_and_the_step_aim_within_25():
