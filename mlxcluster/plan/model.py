@@ -194,6 +194,11 @@ def _first(config: Mapping[str, Any], keys: Iterable[str]) -> int | None:
     return None
 
 
+# Where config.json says the longest sequence a model takes, under the names mlx-lm's models use
+# (training/serve/server.py's context_length reads the same, and refuses a longer request).
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "max_seq_len", "seq_length")
+
+
 @dataclass(frozen=True)
 class Shape:
     """What a rank computes per token, from config.json: the widths its activations have."""
@@ -227,5 +232,5 @@ class Shape:
         kv_heads = _first(config, ("num_key_value_heads", "n_kv_heads", "num_kv_heads",
                                    "multi_query_group_num"))
         head_dim = _first(config, ("head_dim", "kv_channels")) or hidden // heads
-        positions = _first(config, ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"))
+        positions = _first(config, CONTEXT_KEYS)
         return cls(hidden, layers, mlp, heads, kv_heads or heads, head_dim, vocab, positions)

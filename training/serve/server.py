@@ -312,7 +312,8 @@ def http_server(generator: Generator, api_key: str | None) -> ThreadingHTTPServe
 
 def context_length(config: Mapping[str, Any]) -> int | None:
     """The model's context in tokens, from its config.json (None: not said)."""
-    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+    # The keys mlxcluster/plan/model.py's CONTEXT_KEYS holds (the plan of a server's cache reads them).
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "max_seq_len", "seq_length"):
         if isinstance(config.get(key), int):
             return int(config[key])
     return None

@@ -119,3 +119,14 @@ def test_a_node_that_cannot_hold_one_request_is_told_to_serve_a_shorter_context(
     assert need is not None
     assert need.held["node1"] == "the whole model on 1 rank, a request of 8,192 tokens"
     assert need.fix.startswith("serve a shorter context: --context (now 8,192 tokens")
+
+
+def test_the_plan_and_the_server_read_the_context_from_the_same_keys():
+    from mlxcluster.plan import model as model_files
+    from training.serve import server
+
+    base = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100}
+    for key in model_files.CONTEXT_KEYS:
+        shape = model_files.Shape.of(base | {key: 1234})
+        assert shape is not None and shape.positions == 1234 == server.context_length({key: 1234}), key
+    assert server.context_length({"max_positions": 1234}) is None  # a name neither reads
