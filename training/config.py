@@ -135,7 +135,9 @@ class FinetuneConfig:
                        "inventory's model_dequantize); none: every rank trains on its quantized weights"))
     stall_timeout: int = field(
         default=30,
-        metadata=_help("seconds without progress after which a rank stops (a node or link is gone)"))
+        metadata=_help("seconds without progress after which a rank stops (a node or link is gone); "
+                       "under invoke train, which reads every rank's beats, the run is stopped "
+                       "min(this, 15) s past its slowest step, and the ranks' own stop is 30 s later"))
     save_rank_weights: bool = field(
         default=False, metadata=_help("every rank also writes the weights all ranks hold alike, to compare"))
     save_every_minutes: float = field(

@@ -56,7 +56,7 @@ from training.distributed import (
     wait_for_every_rank,
 )
 from training.loading import Loaded, check_datasets_package, data_sha256, load_model_and_data
-from training.loop import checkpoint, optimizers, report
+from training.loop import checkpoint, heartbeat, optimizers, report
 from training.loop.metrics import MetricsCallback, ResumePoint
 from training.loop.progress import ProgressDisplay, done_line
 from training.loop.reporting import finish_reporting, missing_packages_problem, reporting_callback
@@ -105,13 +105,22 @@ def _replaced(owner: object, name: str, value: object) -> Iterator[None]:
         setattr(owner, name, original)
 
 
-def watchdog_for(config: FinetuneConfig, group: Any, display: ProgressDisplay) -> StallWatchdog:
-    """A watchdog that every finished step or validation batch on the display keeps at bay."""
+# How much later a rank's own watchdog acts when the controller watches its beats: the controller
+# acts first (15 s past the run's slowest step: mlxcluster/launch/liveness.py), tests the links and
+# names the cause while every rank is still there; the rank's watchdog is then its backstop.
+WATCHED_EXTRA = 30
+
+
+def watchdog_for(config: FinetuneConfig, group: Any, display: ProgressDisplay,
+                 watched: bool = False) -> StallWatchdog:
+    """A watchdog that every finished step or validation batch on the display keeps at bay
+    (`watched`: the controller reads this rank's beats, and acts before it)."""
     prefix = rank_prefix(group)
     # Compiling and the first step can take minutes on a big model; after that, the run's pace.
     alone = group.size() == 1
+    timeout = config.stall_timeout + (WATCHED_EXTRA if watched else 0)
     watchdog = StallWatchdog(
-        config.stall_timeout, first_timeout=max(600, 10 * config.stall_timeout), describe=lambda: prefix,
+        timeout, first_timeout=max(600, 10 * config.stall_timeout), describe=lambda: prefix,
         cause=("this single process is stuck (there is no other rank to wait for)" if alone
                else "another rank is gone or the cluster link is down"),
     )
@@ -382,18 +391,31 @@ def run(
     checkpointer = Checkpointer(
         config, loaded.layout, loaded.model, optimizer, metrics, display, first_step, data_digest
     )
+    beats = heartbeat.Heartbeat.from_env(group.rank(), os.environ)
+    if beats is not None:
+        display.step_hooks.append(lambda: beats.stepped(display.iteration))
+        display.progress_hooks.append(beats.progressed)
+        checkpointer.busy = beats.busy
+    if (hang_step := heartbeat.hang_at(group.rank(), os.environ)) is not None and first_step == 0:
+        display.step_hooks.append(lambda: display.iteration >= hang_step and heartbeat.hang_for_ever())
     metrics.report_hooks.append(checkpointer.after_report)
     # report_to: rank 0 also sends what metrics.jsonl records to wandb / swanlab.
     callback = reporting_callback(config.report_to, config.project_name, out, asdict(config), group.rank(),
                                   metrics)
-    watchdog = watchdog_for(config, group, display)
+    watchdog = watchdog_for(config, group, display, watched=beats is not None)
     watchdog.start()
+    if beats is not None:
+        beats.start()
     try:
         trained = train(config, group, loaded, optimizer, callback, display, first_step, cut)
+        if beats is not None:
+            beats.finish()
         checks = check_ranks(loaded.model, group, trained.tokens, loaded.layout, loaded.base_weights,
                              trained.pipeline_counters)
     finally:
         watchdog.stop()
+        if beats is not None:
+            beats.finish()  # beating on until the process ends: its last words are its exit record
         finish_reporting(callback)
     if config.save_rank_weights:
         write_rank_weights(out, group, loaded.layout.replicated(loaded.model))
@@ -413,7 +435,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     # back line by line.
     if reconfigure := getattr(sys.stdout, "reconfigure", None):
         reconfigure(line_buffering=True)
-    prefix = ""
+    prefix, group = "", None
     try:
         # No settings file given: the demo's (invoke train's default), as the controller reads it.
         settings_file = args.config or DEFAULT_CONFIG
@@ -432,9 +454,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         if config.parallel == "tensor":
             tensor_parallel.check_collectives(group, environ)
         run(config, group, resume=args.resume)
+        code = 0
     except ConfigError as error:
         print(f"{prefix}error: {error}", file=sys.stderr, flush=True)
-        return 2
+        code = 2
     except OSError as error:
         if error.errno != errno.ENOSPC:
             raise
@@ -442,13 +465,16 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         print(f"{prefix}error: no space left on this node's disk ({error.filename or error}): the "
               "checkpoints written before are whole; free space there, then go on with invoke train "
               "--resume", file=sys.stderr, flush=True)
-        return 1
+        code = 1
     except DistributedError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         if error.group is not None and error.group.size() > 1:
             wait_for_every_rank(error.group)
-        return 1
-    return 0
+        code = 1
+    # How this rank ended, for the controller (a rank that raised leaves none: it failed).
+    if group is not None and (beats := heartbeat.Heartbeat.from_env(group.rank(), environ)):
+        beats.exit_record(code)
+    return code
 
 
 if __name__ == "__main__":

@@ -7,17 +7,24 @@ node a few steps after a checkpoint (so that some work is lost, as it would be):
 - kill: SIGKILL to the node's rank (a kill -9, a supervisor);
 - freeze: SIGSTOP to the node's rank (a debugger, a suspended job);
 - unplug: the node's cluster link down (plugged back after the run);
+- hang: the node's rank holds still after the fault's step, every thread but training's running
+  (injected: MLX_CLUSTER_FAULT, training/loop/heartbeat.py): every rank alive, a collective that
+  never completes; the run goes on on every node;
+- dead-link: the node's cluster link stays up and carries nothing (a bad cable; carrying again
+  after the run);
 - disk: the launcher's disk filled mid-run (its runs on a tmpfs of their own, filled up): the run
   stops naming it, the checkpoint before is kept; then, the space freed, `invoke train --resume`;
 - controller: the controller's own `invoke train` killed with SIGKILL; then `invoke train
   --resume`, as a user would.
 
-For each: whether the nodes stopped, seconds from the fault to the run resuming (rank 0 loaded the
+For each: whether the nodes stopped, seconds from the fault to the run called stuck (hang,
+dead-link: the controller reads the ranks' beats), to the run resuming (rank 0 loaded the
 checkpoint) and to its first step after that, the steps of work lost, the ranks it ended on, and
 against the reference: the loss of the first step after the resume (the same training: float
 rounding apart), the final loss and the largest difference of the final adapters. kill, freeze and
-unplug go on without the node (`invoke train` restarts by itself); disk and controller on every
-node, from the checkpoint they left, after `invoke train --resume`.
+unplug and dead-link go on without the node, hang on every node (`invoke train` restarts by
+itself); disk and controller on every node, from the checkpoint they left, after `invoke train
+--resume`.
 
 With `--shares 3,3,1,1` the nodes are mixed Macs (batch_share weights in the inventory): each
 global batch is split in those proportions, and after a fault in the proportions of the nodes
@@ -52,10 +59,12 @@ from mlxcluster.paths import REPO
 INVOKE = str(Path(sys.executable).parent / "invoke")
 # The modes whose restarts this bench measures (a pipeline run's would re-slice its stages: not yet).
 PARALLEL = ("data", "tensor")
-FAULTS = ("kill", "freeze", "unplug", "disk", "controller")
+FAULTS = ("kill", "freeze", "unplug", "hang", "dead-link", "disk", "controller")
 RANK = b"training.finetune"
 _STEP = re.compile(r"iter\s+(\d+)/(\d+)\s+loss")
 _RESUMED = re.compile(r"resuming from \S+ \(step (\d+) of \d+\)")
+_STUCK = "==> stuck: "  # the controller's verdict from the beats (mlxcluster/launch/relay.py)
+_INJECTED = "fault injected: this rank holds still"  # training/loop/heartbeat.py
 # The loss of the first step trained after a restart against the uninterrupted run's at that step:
 # the same batches from the same weights, summed over fewer ranks in another order (float rounding,
 # measured 2e-6). Later steps drift apart as those roundings compound (Adam turns a gradient's
@@ -82,6 +91,9 @@ class Timeline:
                 return t, int(m[1])
         return None
 
+    def first_after(self, moment: float, words: str) -> float | None:
+        return next((t for t, line in self.lines if t > moment and words in line), None)
+
     def first_step_after(self, moment: float) -> float | None:
         return next((t for t, line in self.lines if t > moment and _STEP.search(line)), None)
 
@@ -96,17 +108,22 @@ def measured(timeline: Timeline, fault_at: float, lost_from: int | None = None) 
     first = timeline.first_step_after(when)
     last = lost_from if lost_from is not None else before
     # Ranks that outlived a killed controller may have saved a later checkpoint before they stopped.
+    stuck = timeline.first_after(fault_at, _STUCK)
     return {"last_step_before_fault": before, "resumed": True, "resumed_from_step": step,
             "steps_lost": max(0, last - step), "steps_saved_after_fault": max(0, step - last),
+            "fault_to_stuck_s": round(stuck - fault_at, 1) if stuck else None,
             "fault_to_resumed_s": round(when - fault_at, 1),
             "fault_to_training_s": round(first - fault_at, 1) if first else None}
 
 
-def training(inventory: Path, model: Path, data: Path, settings: str, *flags: str) -> subprocess.Popen[str]:
+def training(inventory: Path, model: Path, data: Path, settings: str, *flags: str,
+             fault: str = "") -> subprocess.Popen[str]:
+    """`invoke train`, its output followed; `fault`: one its ranks inject (MLX_CLUSTER_FAULT)."""
     return subprocess.Popen(
         [INVOKE, "train", "-i", str(inventory), "--model", str(model), "--data", str(data), *flags,
          "--extra", settings],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
+        env={**os.environ, "MLX_CLUSTER_FAULT": fault} if fault else None)
 
 
 def follow(proc: subprocess.Popen[str], timeline: Timeline,
@@ -197,15 +214,18 @@ def one_fault(fault: str, lab: hosts.Lab, inventory: Path, inputs: tuple[Path, P
     if fault == "disk":  # a disk of its own for the runs, to fill
         launcher_line(inventory, f"mkdir -p {runs_dir} && mount -t tmpfs -o size=256m tmpfs {runs_dir}")
     timeline = Timeline()
-    proc = training(inventory, *inputs, settings, *flags)
+    proc = training(inventory, *inputs, settings, *flags,
+                    fault=f"hang:{victim - 1}:{fault_step}" if fault == "hang" else "")
     try:
-        follow(proc, timeline, at_step(fault_step))
+        follow(proc, timeline, (lambda line: _INJECTED in line) if fault == "hang" else at_step(fault_step))
         fault_at = time.monotonic()
         if fault in ("kill", "freeze"):
             for pid in hosts.processes(lab, victim, RANK):
                 os.kill(pid, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
         elif fault == "unplug":
             hosts.set_link(lab, victim, up=False)
+        elif fault == "dead-link":
+            hosts.set_carrying(lab, victim, carrying=False)
         elif fault == "controller":
             proc.kill()
         elif fault == "disk":
@@ -230,6 +250,8 @@ def one_fault(fault: str, lab: hosts.Lab, inventory: Path, inputs: tuple[Path, P
         proc.kill()
         if fault == "unplug":
             hosts.set_link(lab, victim, up=True)
+        if fault == "dead-link":
+            hosts.set_carrying(lab, victim, carrying=True)
         for i in range(1, nodes + 1):  # a frozen rank the teardown missed, a run left behind
             for pid in hosts.processes(lab, i, RANK):
                 with_signal(pid, signal.SIGKILL)
@@ -244,7 +266,8 @@ def outcome(timeline: Timeline, code: int | None, reference: Path,
     ranks it ended on and its shares, and its figures against the reference run's."""
     output = "\n".join(line for _, line in timeline.lines)
     run = runs.named_in(output)
-    said = [line for line in output.splitlines() if line.startswith("==> ") and " is left out (" in line]
+    said = [line for line in output.splitlines() if line.startswith("==> ") and
+            (" is left out (" in line or "nothing was lost (a hang)" in line)]
     found: dict[str, Any] = {"finished": code == 0 and run is not None, "exit": code,
                              "restart_said": said[0] if said else None}
     if run is None:
@@ -283,6 +306,11 @@ def verdict(result: dict[str, Any]) -> list[str]:
         if diff is None or diff > TOLERANCE:
             wrong.append(f"{name}: the first step after the resume has a loss {diff} from the "
                          f"uninterrupted run's (allowed {TOLERANCE}): not the same training")
+        expected = {"hang": "nothing was lost (a hang)", "dead-link": "is left out (dead link)"}.get(name)
+        if expected and expected not in (found.get("restart_said") or ""):
+            wrong.append(f"{name}: the restart did not say {expected!r}: {found.get('restart_said')}")
+        if name in ("hang", "dead-link") and found.get("fault_to_stuck_s") is None:
+            wrong.append(f"{name}: the controller never called the run stuck")
         if name == "disk" and not (found.get("stopped") and found.get("said")):
             wrong.append("disk: the full disk did not stop the run with its reason")
         if name == "controller" and not found.get("nodes_stopped"):
@@ -358,7 +386,8 @@ def summary_line(found: dict[str, Any], shares: bool) -> str:
     ranks = f"{found.get('world_sizes')} ranks"
     if shares:
         ranks += f" (shares {found.get('batch_shares')})"
-    return (f"{found['fault']:>10}: {'finished' if found.get('finished') else 'FAILED'} on {ranks}; "
+    stuck = f"stuck {found['fault_to_stuck_s']} s after the fault, " if found.get("fault_to_stuck_s") else ""
+    return (f"{found['fault']:>10}: {'finished' if found.get('finished') else 'FAILED'} on {ranks}; {stuck}"
             f"training again {found.get('fault_to_training_s')} s after the fault, "
             f"{found.get('steps_lost')} steps lost; against the uninterrupted run: first step's loss "
             f"{found.get('first_step_loss_difference')}, final loss {found.get('final_train_loss')} / "

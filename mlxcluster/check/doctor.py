@@ -223,7 +223,37 @@ def _pairs(cluster: Cluster, nodes: Sequence[Node], facts: Facts) -> list[Check]
             checks.append(Check(
                 f"{node.name} -> {peer.name}", name, result["ok"],
                 f"{address} ({route.over})" if result["ok"] else f"{address} ({route.over}): {error}", fix))
+            if result["ok"]:
+                checks += _python_reach(node, peer, address, facts[node.name].get("python_reach", {}))
     return checks
+
+
+# macOS's EHOSTUNREACH: what Local Network Privacy answers a process it refuses the local network.
+MACOS_EHOSTUNREACH = 65
+LOCAL_NETWORK_FIX = (
+    "macOS Local Network Privacy refuses the venv's Python the local network although ssh and ping "
+    "reach the peer (Apple TN3179; mlx #3755): on {node}, System Settings > Privacy & Security > "
+    "Local Network, allow the Python (or the app that starts it); a Python started from launchd, "
+    "tmux or a uv-managed interpreter is refused until then. Run invoke doctor again after")
+
+
+def _python_reach(node: Node, peer: Node, address: str, reached: Mapping[str, Any]) -> list[Check]:
+    """The venv's Python connecting to a peer that ssh reaches, as a rank would (probe.python_reach);
+    nothing when it was not tried (no venv: the venv check says so)."""
+    pair, name = f"{node.name} -> {peer.name}", "the venv's Python reaches it"
+    if "error" in reached:
+        return [Check(pair, name, False, f"the probe could not run it: {reached['error']}",
+                      f"{REPROVISION} (the python_env role builds the venv)")]
+    if address not in reached:
+        return []
+    if (refused := reached[address]) is None:
+        return [Check(pair, name, True, f"{address}: a TCP connect from the venv's Python")]
+    number, meaning = refused
+    mac = node.os_family == "Darwin"
+    fix = (LOCAL_NETWORK_FIX.format(node=node.name) if mac and number == MACOS_EHOSTUNREACH
+           else "a firewall on either node refuses the venv's Python: allow it, then invoke doctor")
+    return [Check(pair, name, False,
+                  f"{address}: errno {number} ({meaning}) from the venv's Python, while ssh reaches it", fix)]
 
 
 def _software(cluster: Cluster, nodes: Sequence[Node], facts: Facts) -> list[Check]:

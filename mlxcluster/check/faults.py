@@ -28,11 +28,15 @@ from mlxcluster.check.doctor import Check
 from mlxcluster.describe.cluster import Cluster, Node
 from mlxcluster.errors import UserError
 from mlxcluster.launch import builder, remote
+from mlxcluster.launch.liveness import Stuck
 from mlxcluster.launch.relay import STALL_MESSAGE
 
 OUT_OF_MEMORY, KILLED, FROZEN, LOST = "out of memory", "killed", "frozen", "lost"
+# A link up that carries nothing (found by testing the pairs when the run was stuck), and a hang
+# with every rank alive and every link carrying data: a collective that never completed.
+DEAD_LINK, HUNG = "dead link", "hung"
 # The causes a run can go on from without the node: the node's own, not the run's.
-NODE_CAUSES = (KILLED, FROZEN, LOST)
+NODE_CAUSES = (KILLED, FROZEN, LOST, DEAD_LINK)
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,11 @@ class Fault:
     def goes_on_without_node(self) -> bool:
         """Whether the run can go on on the other nodes: the cause was the node's, not the run's."""
         return self.node is not None and self.cause in NODE_CAUSES
+
+    @property
+    def goes_on_everywhere(self) -> bool:
+        """Whether the run can go on on the same nodes: nothing was lost (a hang)."""
+        return self.cause == HUNG
 
 
 class TrainFailed(UserError):
@@ -116,27 +125,81 @@ def lost_line(node: str, red: Sequence[Check]) -> str:
             f"its cable and power, then invoke doctor")
 
 
+def frozen_line(frozen: Sequence[str]) -> str:
+    return (f"frozen: a rank's process on {', '.join(frozen)} was stopped (state T: SIGSTOP, a debugger, "
+            "a suspended job) while the others waited for it; the launcher's teardown ended it. Look for "
+            "what stops processes there")
+
+
+def left_out_of_link(cluster: Cluster, ends: Sequence[str]) -> str:
+    """The end of a dead link a run goes on without: not the launcher, else the later in rank order."""
+    order = cluster.rank_nodes()
+    return max((e for e in ends if e != cluster.head.name),
+               key=lambda e: order.index(e) if e in order else -1, default=ends[-1])
+
+
+def stuck_fault(cluster: Cluster, stuck: Stuck, frozen: Sequence[str], red: Sequence[Check]) -> Fault:
+    """Why a run its beats said was stuck stopped: a frozen rank, a node or a link its checks (made
+    at that moment) name, ranks whose beats had stopped, or (every rank alive, every link
+    carrying data) a collective that never completed."""
+    head = f"stuck: {stuck.line()}; every rank was stopped on every node"
+    if frozen:
+        return Fault(f"{head}; {frozen_line(frozen)}", FROZEN, frozen[0])
+    if node := blamed(cluster, red):
+        return Fault(f"{head}; {lost_line(node, red)}", LOST, node)
+    if pairs := [c for c in red if len(c.nodes) == 2]:
+        ends = pairs[0].nodes
+        return Fault(f"{head}; dead link: the link between {ends[0]} and {ends[1]} is up but carries "
+                     f"nothing ({pairs[0].name}: {pairs[0].detail}); look at that cable and its ports "
+                     "(reseat it, or try another), then invoke doctor", DEAD_LINK,
+                     left_out_of_link(cluster, ends))
+    if red:
+        return Fault(head + "; the nodes now: " + "; ".join(f"{c.scope}: {c.name}: {c.detail}" for c in red))
+    silent = sorted({cluster.node_of_rank(rank) for rank in stuck.silent})
+    if len(silent) == 1:
+        ranks = ", ".join(map(str, stuck.silent))
+        return Fault(f"{head}; lost: rank {ranks} on {silent[0]} stopped answering (its beats stopped) "
+                     f"while the others waited for it, and its checks pass now: look at {silent[0]}'s "
+                     "processes and logs, then invoke doctor", LOST, silent[0])
+    if silent:
+        return Fault(f"{head}; the ranks on {', '.join(silent)} stopped answering: look at those nodes")
+    return Fault(f"{head}; hung: every rank was alive and waiting, and every link carries data: a "
+                 "collective that never completed (a deadlock, as mlx #4475 reports of the ring); "
+                 "nothing was lost", HUNG)
+
+
+def unrecorded(cluster: Cluster, unfinished: Sequence[int], ends: Mapping[int, int | None]) -> Fault:
+    """A launch that exited 0 while ranks did not say they finished (`ends`: each rank's exit
+    record's code, None: none): the launcher's status is not trusted (mlx #4319)."""
+    said = "; ".join(f"rank {rank} on {cluster.node_of_rank(rank)} "
+                     + ("left no exit record" if ends.get(rank) is None else f"ended with code {ends[rank]}")
+                     for rank in unfinished)
+    return Fault(f"the launcher exited 0, but {said}: the run did not finish")
+
+
 def diagnose(cluster: Cluster, output: str, code: int | None, parallel: str,
              oom: tuple[Mapping[str, int | None], Mapping[str, int | None]],
-             frozen: Sequence[str], red_checks: Callable[[], list[Check]]) -> Fault:
+             frozen: Sequence[str], red_checks: Callable[[], list[Check]],
+             stuck: tuple[Stuck, Sequence[Check]] | None = None) -> Fault:
     """The fault behind a failed launch: its `output` and exit `code`, the out-of-memory counts
     (before, after), the `frozen` nodes, and the red node checks, asked for (`red_checks`) only
-    when the rest names no cause, since they take a few seconds."""
+    when the rest names no cause, since they take a few seconds. `stuck`: the run was stopped as
+    stuck, with the red checks found at that moment."""
     before, after = oom
     out_of_memory = ran_out_of_memory(before, after)
     counted = [name for name, was in before.items() if was is not None and after.get(name) is not None]
     why = builder.describe_failure(cluster, output, code, parallel, out_of_memory, counted)
     if out_of_memory:
         return Fault(why, OUT_OF_MEMORY, out_of_memory[0])
+    if stuck is not None:  # its ranks were stopped from here: their signals are not the cause
+        return stuck_fault(cluster, stuck[0], frozen, stuck[1])
     if builder.killed(output, code):
         node = builder.killed_on(cluster, output, code)
         # Where the count could not be read (macOS), a SIGKILL may be for memory: no restart.
         return Fault(why, KILLED if node in counted else None, node)
     if frozen:
         # The other ranks waited for it in a collective: theirs is the stall message, its the cause.
-        return Fault(why + f"; frozen: a rank's process on {', '.join(frozen)} was stopped (state T: "
-                     "SIGSTOP, a debugger, a suspended job) while the others waited for it; the "
-                     "launcher's teardown ended it. Look for what stops processes there", FROZEN, frozen[0])
+        return Fault(f"{why}; {frozen_line(frozen)}", FROZEN, frozen[0])
     if STALL_MESSAGE.decode() in output or not builder.rank_error(output):
         # A stall, or a launcher that lost a node: a node or link gone; the node checks name it.
         red = red_checks()

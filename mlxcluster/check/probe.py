@@ -164,6 +164,36 @@ def ssh_to(ip: str) -> dict[str, Any]:
     return {"ok": code == 0, "error": None if code == 0 else out.splitlines()[-1:] or [f"exit {code}"]}
 
 
+# A TCP connect to each peer's sshd from the venv's own Python, started as the launcher starts a
+# rank (over ssh): macOS Local Network Privacy can refuse a Python its local network (errno 65,
+# EHOSTUNREACH) although ping and ssh, which it exempts, reach the peer (mlx #3755; Apple TN3179).
+PYTHON_REACH = """import json, socket, sys
+from concurrent.futures import ThreadPoolExecutor
+def reach(peer):
+    try:
+        socket.create_connection((peer, 22), timeout=5).close()
+    except OSError as exc:
+        return [exc.errno, exc.strerror or str(exc)]
+    return None
+peers = json.loads(sys.argv[1])
+with ThreadPoolExecutor(max(len(peers), 1)) as pool:
+    print(json.dumps(dict(zip(peers, pool.map(reach, peers)))))
+"""
+
+
+def python_reach(venv: str, peers: list[str]) -> dict[str, Any]:
+    """Each peer's answer to a connect from the venv's Python: None (it connected) or [errno,
+    what it means]; {"error": ...} when that Python could not run at all."""
+    python = os.path.join(venv, "bin", "python")
+    if not peers or not os.access(python, os.X_OK):
+        return {}
+    code, out = _run([python, "-c", PYTHON_REACH, json.dumps(peers)], timeout=30)
+    try:
+        return json.loads(out.splitlines()[-1]) if code == 0 else {"error": out[-300:] or f"exit {code}"}
+    except (ValueError, IndexError):
+        return {"error": out[-300:]}
+
+
 def macos_links(bridge_service: str) -> dict[str, Any]:
     """A Mac in links mode: its macOS version, RDMA (rdma_ctl status, ibv_devices' devices) and
     whether its Thunderbolt Bridge's service (`bridge_service`) is on (its ports would be bridged)."""
@@ -188,9 +218,12 @@ def read(path: str) -> str | None:
 
 def probe(args: dict[str, Any]) -> dict[str, Any]:
     root = args["cluster_root"]
-    with ThreadPoolExecutor() as pool:
-        ssh = dict(zip(args["peers"], pool.map(ssh_to, args["peers"]), strict=True))
+    # Everything at once: a peer whose link carries nothing costs one wait (ssh's and the
+    # connect's 5 s), not one after the other.
+    with ThreadPoolExecutor(max_workers=len(args["peers"]) + 2) as pool:
         versions = pool.submit(venv_versions, args["venv"])
+        reached = pool.submit(python_reach, args["venv"], args["peers"])
+        ssh = dict(zip(args["peers"], pool.map(ssh_to, args["peers"]), strict=True))
         return {
             "hostname": platform.node(),
             "os": platform.system(),
@@ -201,6 +234,7 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
             "memory": {**memory_bytes(), "gpu_limit": versions.result().get("gpu_limit")},
             "disk_free": disk_free(root),
             "ssh": ssh,
+            "python_reach": reached.result(),
             **({"macos": macos_links(args["macos_links"])} if args.get("macos_links") else {}),
         }
 

@@ -1,12 +1,15 @@
 """invoke train going on when a Mac drops out: the node is left out, the run restarts on the rest.
 
 A run that fails for a node's own cause (mlxcluster/check/faults.py: killed from outside, frozen,
-lost) is restarted, by default, from its latest checkpoint on the nodes left, with the same
-global batch: the batch shares are recomputed for them (mlxcluster/launch/batch_shares.py) and
+lost, its link dead) is restarted, by default, from its latest checkpoint on the nodes left, with
+the same global batch: the batch shares are recomputed for them (mlxcluster/launch/batch_shares.py) and
 the batches are the seed's (training/data/batches.py), so the run ends with the adapters an
 uninterrupted one would have, within float rounding. A tensor-parallel run re-shards the
 checkpoint's whole arrays over the ranks left, once the model's heads divide among them and its
 shards fit their memory (the same checks as any launch; else it stops and says why and how much).
+
+A run that hung with nothing lost (every rank alive, every link carrying data: a collective that
+never completed) is restarted the same way on the same nodes.
 
 The node is recorded as left out (mlxcluster/describe/drained.py) and stays out until its checks
 pass again: every launch first checks the nodes left out and lets the green ones back in.
@@ -131,6 +134,15 @@ def left_out(rec: Recorded, run_id: str, fault_node: str, cause: str, why: str) 
     return entry
 
 
+def restart_everywhere_line(run_id: str, cluster: Cluster, restart: int, policy: Policy) -> str:
+    """What a restart after a hang says: every node again, from the latest checkpoint."""
+    step = runs.latest_checkpoint(runs.RUNS / run_id)
+    where = f"its checkpoint at step {step}" if step is not None else "step 0 (no checkpoint yet)"
+    return (f"==> nothing was lost (a hang); restarting run {run_id} from {where} on the same "
+            f"{cluster.world_size} rank{'s' * (cluster.world_size != 1)}, restart {restart} of at most "
+            f"{policy.max_restarts}")
+
+
 def restart_line(entry: drained.Drained, left: Cluster, restart: int, policy: Policy) -> str:
     where = f"its checkpoint at step {entry.step}" if entry.step is not None else "step 0 (no checkpoint yet)"
     ranks = left.world_size
@@ -151,19 +163,23 @@ def run_with_restarts(first: RunPlan, execute: Callable[[RunPlan], Path], policy
             return execute(current)
         except TrainFailed as failed:
             fault = failed.fault
-            if fault is None or not fault.goes_on_without_node or fault.node is None:
+            if fault is None or not (fault.goes_on_everywhere or fault.goes_on_without_node):
                 raise
+            left: Cluster | None = current.cluster
             try:
-                left: Cluster | None = current.cluster.without({fault.node})
+                if fault.node is not None and not fault.goes_on_everywhere:
+                    left = current.cluster.without({fault.node})
             except UserError as error:
                 left, no_layout = None, str(error)
             refusal = policy.refusal(restart - 1, left) if left else no_layout
             if not refusal:
                 assert left is not None
+                print(f"==> the run stopped: {fault.why}", flush=True)  # before the restart's plan
                 try:
                     current = again(current, left, fault, restart)
                     continue
                 except UserError as error:
                     refusal = str(error)
-            raise failed.adding(f"not restarted without {fault.node}: {refusal}") from None
+            raise failed.adding(f"not restarted {f'without {fault.node}' if fault.node else 'again'}: "
+                                f"{refusal}") from None
     raise AssertionError("unreachable")

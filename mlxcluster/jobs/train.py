@@ -40,6 +40,7 @@ from mlxcluster.launch import (
     sync,
 )
 from mlxcluster.launch import settings as run_settings
+from mlxcluster.launch.liveness import Liveness
 from mlxcluster.paths import REPO, RUNS
 from mlxcluster.plan import model as model_files
 from mlxcluster.plan import of_run
@@ -147,7 +148,7 @@ def plan(cluster: Cluster, request: Request, *, run_id: str, resume: bool = Fals
     backend = choice.backend
     job = builder.Job(program, backend=backend, interface=request.interface,
                      btl_tcp_links=request.btl_tcp_links, threads=request.threads,
-                     interactive=request.interactive, mlx_envs=request.mlx_envs)
+                     interactive=request.interactive, mlx_envs=request.mlx_envs, beats=True)
     notices = [*([f"backend {backend}: {choice.why}"] if choice.why else []),
                *([shares_line(shares)] if shares else []),
                *([base.line] if base else []),
@@ -322,7 +323,8 @@ def diagnose(plan: Plan, relayed: relay.Relayed, oom_before: Mapping[str, int | 
     """What stopped the run: its cause and node, from the launch's output and the nodes."""
     return faults.diagnose(plan.cluster, relayed.output, relayed.code, plan.request.parallel,
                            (oom_before, faults.oom_kills(plan.cluster)), relayed.frozen,
-                           lambda: doctor.red_node_checks(plan.cluster, None))
+                           lambda: doctor.red_node_checks(plan.cluster, None),
+                           (relayed.stuck, relayed.examined) if relayed.stuck else None)
 
 
 def shares_line(shares: batch_shares.Shares) -> str:
@@ -364,7 +366,10 @@ def execute(plan: Plan) -> Path:
     start = time.perf_counter()
     try:
         with relay.terminated_as_interrupted():  # a `kill` stops every rank as Ctrl-C does
-            relayed = relay.supervise(plan.cluster, plan.launch, plan.marker, on_line=pulls)
+            relayed = relay.supervise(plan.cluster, plan.launch, plan.marker, on_line=pulls,
+                                      liveness=(beats := Liveness.of_run(plan.cluster.world_size,
+                                                                         plan.settings.stall_timeout)),
+                                      examine=lambda: doctor.red_node_checks(plan.cluster, None))
     except KeyboardInterrupt:
         pulls.wait(timeout=10)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -375,13 +380,17 @@ def execute(plan: Plan) -> Path:
                           f"{runs.resume_hint(plan.results)}") from None
     pulls.wait()
     collect(plan)
-    # summary.json is written last by rank 0: a launch that exits 0 without it did not finish.
-    finished = relayed.code == 0 and (plan.results / "summary.json").exists()
+    # summary.json is written last by rank 0, and each rank says how it ended: a launch that exits
+    # 0 without them did not finish (mlx.launch has said 0 after a rank died: mlx #4319).
+    unfinished = beats.unfinished()
+    finished = relayed.code == 0 and (plan.results / "summary.json").exists() and not unfinished
     runs.write_info(plan.results, info | {"status": "finished" if finished else "failed",
                                           "exit_code": relayed.code,
                                           "wall_time_s": round(time.perf_counter() - start, 1)})
     if not finished:
-        fault = diagnose(plan, relayed, oom_before)
+        fault = (faults.unrecorded(plan.cluster, unfinished, beats.exit_codes())
+                 if relayed.code == 0 and unfinished and not relayed.stuck
+                 else diagnose(plan, relayed, oom_before))
         raise TrainFailed(f"training failed (exit {relayed.code}): {fault.why}", code=relayed.code or 1,
                           fault=fault, after=f"; what arrived is in {plan.results}"
                           f"{runs.resume_hint(plan.results)}")
@@ -478,7 +487,7 @@ def restarted(rec: Recorded, current: Plan, left: Cluster, fault: faults.Fault, 
     """The plan that resumes `current`'s run on `left`, checked, with `fault.node` recorded as
     left out; a UserError when it cannot (the run never trained, the nodes left fail their
     checks, the model does not fit them)."""
-    assert fault.node is not None and fault.cause is not None
+    assert fault.cause is not None
     _, again = resumed(dataclasses.replace(options, resume=current.run_id, config=None, data=None,
                                             model=None))
     # One rank left of a tensor- or pipeline-parallel run holds the whole model: the same training
@@ -490,8 +499,11 @@ def restarted(rec: Recorded, current: Plan, left: Cluster, fault: faults.Fault, 
     probed = probe_for_stages(left, request, resume=True)
     the_plan = plan(left, request, run_id=current.run_id, resume=True, inventory=rec.inventory,
                     memory=doctor.memory_of(probed) if probed else None)
-    entry = restarts.left_out(rec, current.run_id, fault.node, fault.cause, fault.why)
-    print(restarts.restart_line(entry, left, restart, policy), flush=True)
+    if fault.goes_on_everywhere or fault.node is None:
+        print(restarts.restart_everywhere_line(current.run_id, left, restart, policy), flush=True)
+    else:
+        entry = restarts.left_out(rec, current.run_id, fault.node, fault.cause, fault.why)
+        print(restarts.restart_line(entry, left, restart, policy), flush=True)
     if alone:
         print(f"==> {left.training_nodes[0].name} alone holds the whole model: no {current.request.parallel} "
               "parallelism on one rank", flush=True)

@@ -389,6 +389,18 @@ def set_link(lab: Lab, i: int, up: bool) -> None:
     _run(["ip", "link", "set", f"mlab{lab.lab_id}t{i}", "up" if up else "down"])
 
 
+def set_carrying(lab: Lab, i: int, carrying: bool) -> None:
+    """Make node ``i``'s Thunderbolt link carry nothing (carrying=False) while it stays up, as a
+    bad cable or a port that renegotiated does, or carry again: a queue of no packets on both
+    ends of its cable drops whatever either side sends (the node's end, and the bridge's)."""
+    ends = ((["ip", "netns", "exec", lab.netns(i)], THUNDERBOLT_IFACE), ([], f"mlab{lab.lab_id}t{i}"))
+    for inside, device in ends:
+        queue = ["replace", "dev", device, "root", "pfifo", "limit", "0"] if not carrying else \
+            ["del", "dev", device, "root"]
+        # Carrying again: the queue may be gone already (the node restarted), which is as wanted.
+        _run([*inside, "tc", "qdisc", *queue], check=not carrying, capture=carrying)
+
+
 def processes(lab: Lab, i: int, program: bytes, python_only: bool = True) -> list[int]:
     """Node ``i``'s processes whose command line holds `program` (with `python_only`, those whose
     program is a python: a rank, not the mpirun or shell that names it). The nodes share the

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -28,6 +29,7 @@ from mlxcluster.describe.cluster import Cluster, Node
 from mlxcluster.describe.topology import BACKENDS, backend_problem, mlx_hostfile
 from mlxcluster.errors import UserError
 from mlxcluster.launch import remote
+from training.loop import heartbeat
 
 # The backends of MLX's own that the cluster's launcher starts (as mlx.launch would), from MLX's
 # hosts file. It is in every venv (roles/python_env), run by the venv's python.
@@ -100,6 +102,7 @@ class Job:
     env: Sequence[tuple[str, str]] = ()  # more variables every rank gets (invoke run's rendezvous)
     rank_setup: str = ""
     tag: str = ""
+    beats: bool = False  # the ranks beat (training/loop/heartbeat.py): a training run's, watched
 
 
 def checked_backend(requested: str | None) -> str | None:
@@ -161,6 +164,10 @@ def rank_env(cluster: Cluster, job: Job) -> dict[str, str]:
         env["OPENBLAS_NUM_THREADS"] = "1"  # several ranks share a machine's cores
     if job.tag:
         env[JOB_TAG] = _checked(job.tag)
+    if job.beats:
+        env[heartbeat.ENV] = str(heartbeat.BEAT_EVERY)
+        if fault := os.environ.get(heartbeat.FAULT):  # the faults' tests and bench inject one
+            env[heartbeat.FAULT] = fault
     return env | dict(job.env)
 
 
@@ -347,6 +354,31 @@ def stop(cluster: Cluster, marker: str) -> None:
     if not remote.run_quietly(cluster.head, stop_command(cluster, marker)[-1]):
         print(f"warning: could not reach {cluster.head.name} to stop {marker} there: check for "
               "its processes (invoke doctor)", flush=True)
+
+
+# How long a rank has, once asked to stop (SIGTERM), before it is killed (SIGKILL): a rank waiting
+# in a JACCL collective ignores SIGTERM (mlx #3910).
+TERM_GRACE = 3.0
+
+
+def stop_everywhere_line(marker: str, grace: float = TERM_GRACE) -> str:
+    """A shell line that stops the job's processes on one node: SIGTERM, then SIGKILL to those
+    still there after `grace` seconds."""
+    pattern = shlex.quote(stop_pattern(marker))
+    tries = max(1, int(grace / 0.5))
+    return (f"pkill -TERM -f {pattern}; for i in $(seq {tries}); do pgrep -f {pattern} >/dev/null || "
+            f"exit 0; sleep 0.5; done; pkill -KILL -f {pattern}; exit 0")
+
+
+def stop_everywhere(cluster: Cluster, marker: str) -> list[str]:
+    """Stop the job's launcher and ranks on every training node at once, not through the
+    launcher, which a rank stuck in a collective can keep waiting. The nodes that did not
+    answer (a node gone: its ranks went with it, or stop when it is back)."""
+    line = stop_everywhere_line(marker)
+    nodes = list({n.name: n for n in (cluster.head, *cluster.training_nodes)}.values())
+    with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+        answered = list(pool.map(lambda node: remote.run_quietly(node, line, timeout=15), nodes))
+    return [node.name for node, ok in zip(nodes, answered, strict=True) if not ok]
 
 
 def frozen_nodes(cluster: Cluster, marker: str, timeout: float = 5) -> list[str]:

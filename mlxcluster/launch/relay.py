@@ -18,10 +18,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from mlxcluster.describe.cluster import Cluster
 from mlxcluster.launch import builder
+from mlxcluster.launch.liveness import Liveness, Stuck
 from mlxcluster.paths import REPO
 
 # What a rank's watchdog prints when it stops itself (training/loop/watchdog.py).
@@ -38,6 +40,8 @@ class Relayed:
     held_back: list[str] = field(default_factory=list)  # whole lines holding `hide`
     stamped: list[tuple[float, str]] = field(default_factory=list)  # (time.monotonic(), line)
     frozen: list[str] = field(default_factory=list)  # nodes where a rank was stopped at a stall
+    stuck: Stuck | None = None  # the ranks' beats said the run was stuck (liveness.py)
+    examined: list[object] = field(default_factory=list)  # what `examine` found then (red checks)
 
 
 @dataclass
@@ -75,7 +79,8 @@ class _Stream:
 def relay(cmd: Sequence[str], *, keep: int = 1 << 16, on_stall: Callable[[], None] | None = None,
           timeout: float | None = None, hide: str | None = None, stamp: bool = False,
           stdin: int | None = None, on_line: Callable[[str], None] | None = None,
-          on_stalled: Callable[[], None] | None = None, stderr: int | None = subprocess.STDOUT) -> Relayed:
+          on_stalled: Callable[[], None] | None = None, stderr: int | None = subprocess.STDOUT,
+          liveness: Liveness | None = None, on_stuck: Callable[[Stuck], None] | None = None) -> Relayed:
     """Run `cmd` with its output passed through as it comes.
 
     on_stalled is called once as soon as a rank reports a stall (the rank holds still a few
@@ -83,6 +88,8 @@ def relay(cmd: Sequence[str], *, keep: int = 1 << 16, on_stall: Callable[[], Non
     seconds later; after `timeout` seconds cmd is killed (code None). Lines holding `hide` are
     not shown but returned; with `stamp`, every line is returned with the time it arrived;
     `on_line` is called with each whole line as it arrives.
+    liveness: reads the ranks' beats out of the output (they are not shown); on_stuck is called
+    once when it says the run is stuck, and on_stall STALL_GRACE seconds later as after a stall.
     stdin: the command's (default: this one's, so that ssh -tt passes Ctrl-C on at a terminal).
     stderr: where the command's goes (default: with its output; None: this one's, as it comes,
     and the tail holds the output alone).
@@ -99,12 +106,19 @@ def relay(cmd: Sequence[str], *, keep: int = 1 << 16, on_stall: Callable[[], Non
                 if select.select([proc.stdout], [], [], 1.0)[0]:
                     if not (chunk := proc.stdout.read1(4096)):
                         break
+                    if liveness is not None:
+                        chunk = liveness.take(chunk)
                     if stalled_at is None and STALL_MESSAGE in stream.tail[-len(STALL_MESSAGE):] + chunk:
                         stalled_at = time.monotonic()
                         if on_stalled is not None:
                             on_stalled()
                     stream.take(chunk, out)
                     out.flush()
+                if stalled_at is None and liveness is not None and (stuck := liveness.verdict()):
+                    stream.relayed.stuck = stuck
+                    if on_stuck is not None:
+                        on_stuck(stuck)
+                    stalled_at = time.monotonic()  # the launcher's grace counts from the stop
                 if stalled_at is not None and on_stall and time.monotonic() - stalled_at > STALL_GRACE:
                     on_stall()
                     on_stall = None
@@ -117,6 +131,8 @@ def relay(cmd: Sequence[str], *, keep: int = 1 << 16, on_stall: Callable[[], Non
             proc.kill()
             raise
         code = proc.wait()
+    if liveness is not None and (rest := liveness.rest()):
+        stream.take(rest, out)
     stream.relayed.code = None if timed_out else code
     stream.relayed.output = stream.tail.decode(errors="replace")
     return stream.relayed
@@ -137,12 +153,29 @@ def terminated_as_interrupted() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def supervise(cluster: Cluster, cmd: Sequence[str], marker: str, **options: object) -> Relayed:
+def supervise(cluster: Cluster, cmd: Sequence[str], marker: str, *, liveness: Liveness | None = None,
+              examine: Callable[[], list[object]] | None = None, **options: object) -> Relayed:
     """`relay` a job's launch command; the job is stopped on its launcher (`marker` names its
-    processes) after a stall, on a timeout, and on Ctrl-C, which is then raised again."""
+    processes) after a stall, on a timeout, and on Ctrl-C, which is then raised again.
+
+    With `liveness` (a training run's beats), a stuck run is stopped on every node at once, after
+    the nodes were looked at while every rank is still there: a frozen rank's, and `examine`'s
+    findings (the links tested at that moment: a link that stays up and carries nothing)."""
 
     looked: list[threading.Thread] = []
     frozen: list[str] = []
+    examined: list[object] = []
+
+    def stop_stuck(stuck: Stuck) -> None:
+        print(f"==> stuck: {stuck.line()}; looking at the nodes and links, then stopping every rank",
+              flush=True)
+        # A frozen rank is seen before the stop ends it; the links are tested while every rank is
+        # being stopped (the test needs no rank: its figure is the failure's, not the stop's).
+        frozen.extend(builder.frozen_nodes(cluster, marker))
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            tested = pool.submit(examine) if examine is not None else None
+            pool.submit(builder.stop_everywhere, cluster, marker).result()
+            examined.extend(tested.result() if tested is not None else [])
 
     def look_for_frozen_ranks() -> None:
         # In a thread: the output keeps flowing while every node is asked.
@@ -156,8 +189,8 @@ def supervise(cluster: Cluster, cmd: Sequence[str], marker: str, **options: obje
         builder.stop(cluster, marker)
 
     try:
-        relayed = relay(cmd, on_stall=stop_stalled, on_stalled=look_for_frozen_ranks,
-                        **options)  # type: ignore[arg-type]
+        relayed = relay(cmd, on_stall=stop_stalled, on_stalled=look_for_frozen_ranks, liveness=liveness,
+                        on_stuck=stop_stuck, **options)  # type: ignore[arg-type]
     except (KeyboardInterrupt, Exception):
         builder.stop(cluster, marker)
         raise
@@ -166,4 +199,5 @@ def supervise(cluster: Cluster, cmd: Sequence[str], marker: str, **options: obje
     for thread in looked:
         thread.join(timeout=30)
     relayed.frozen = list(frozen)
+    relayed.examined = examined
     return relayed

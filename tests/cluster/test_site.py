@@ -261,6 +261,9 @@ def test_doctor_is_green_on_the_healthy_cluster(lab_cluster):
             "interface bridge0", "hostfile", "mlx-lm", "Open MPI"} <= {c["name"] for c in checks}
     # Every ordered pair of nodes was tried over the cluster link.
     assert len([c for c in checks if c["name"] == "ssh over the cluster link"]) == 6
+    # And the venv's Python, as a rank, connected to every peer (Local Network Privacy's case).
+    reached = [c for c in checks if c["name"] == "the venv's Python reaches it"]
+    assert len(reached) == 6 and all("a TCP connect from the venv's Python" in c["detail"] for c in reached)
     assert re.search(r"(\d+) of \1 checks passed on 3 nodes", summary), summary
     # A figure, not a check: a loaded runner is slower (the speed is bench.rehearsal's to measure).
     print(f"invoke doctor on a healthy 3-node lab: {elapsed:.1f} s")

@@ -13,9 +13,11 @@ adapter weights alone, with a fresh optimizer (`resume_adapter_file`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,8 @@ class Checkpointer:
     data_digest: str
 
     clock: Callable[[], float] = time.monotonic
+    # A save's phase told to the controller (training/loop/heartbeat.py's busy): as long as it takes.
+    busy: Callable[[str], AbstractContextManager[None]] = lambda phase: contextlib.nullcontext()
 
     def __post_init__(self) -> None:
         self.due = (self.first_step // self.config.save_every + 1) * self.config.save_every
@@ -77,6 +81,10 @@ class Checkpointer:
         return bool(checkpoint.broadcast({"due": mx.array([int(mine)])}, group)["due"].item())
 
     def save(self, step: int) -> None:
+        with self.busy("save"):
+            self._save(step)
+
+    def _save(self, step: int) -> None:
         # Whole arrays, as one process has them (sharded ones are gathered: every rank takes part).
         adapters = self.layout.whole(dict(tree_flatten(self.model.trainable_parameters())))
         optimizer_state = self.layout.whole(dict(tree_flatten(self.optimizer.state)))

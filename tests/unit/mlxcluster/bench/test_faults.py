@@ -24,7 +24,12 @@ def test_the_time_to_training_again_and_the_steps_lost_come_from_the_output():
     found = faults.measured(faults.Timeline(list(OUTPUT)), fault_at=2.5)
     assert found == {"last_step_before_fault": 15, "resumed": True, "resumed_from_step": 10,
                      "steps_lost": 5, "steps_saved_after_fault": 0,
-                     "fault_to_resumed_s": 13.5, "fault_to_training_s": 14.8}
+                     "fault_to_stuck_s": None, "fault_to_resumed_s": 13.5, "fault_to_training_s": 14.8}
+
+
+def test_a_hang_s_time_to_being_called_stuck_comes_from_the_controller_s_line():
+    stuck = [*OUTPUT[:2], (24.0, "==> stuck: no rank progressed for 21 s after step 15 (...)"), *OUTPUT[4:]]
+    assert faults.measured(faults.Timeline(stuck), fault_at=2.5)["fault_to_stuck_s"] == 21.5
 
 
 def test_ranks_that_saved_after_a_killed_controller_lost_nothing():

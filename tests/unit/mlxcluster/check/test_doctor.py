@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from rich.console import Console
 
 from mlxcluster.check import doctor, room
@@ -55,6 +56,28 @@ def test_a_healthy_cluster_is_all_green():
             "mpirun -np 3 hostname", "MLX all_sum over every rank"} <= names
     pairs = {c.scope for c in checks if c.name == "ssh over the cluster link"}
     assert pairs == {"node1 -> node2", "node2 -> node1"}
+
+
+@pytest.mark.parametrize(("os_family", "refused", "fix"), [
+    # macOS's EHOSTUNREACH, as Local Network Privacy answers a Python it refuses (mlx #3755: "error: 65
+    # (EHOSTUNREACH)" on a ring whose hosts all ping).
+    ("Darwin", [65, "No route to host"], "macOS Local Network Privacy refuses the venv's Python"),
+    ("Debian", [113, "No route to host"], "a firewall on either node refuses the venv's Python"),
+])
+def test_a_venv_python_refused_the_peer_that_ssh_reaches_is_named_with_its_fix(os_family, refused, fix):
+    layout = cluster()
+    gathered = healthy()
+    gathered["nodes"]["node1"]["python_reach"] = {"10.0.0.2": refused}
+    gathered["nodes"]["node2"]["python_reach"] = {"10.0.0.1": None}
+    nodes = [dataclasses.replace(n, os_family=os_family) for n in layout.nodes]
+    checks = doctor.evaluate(dataclasses.replace(layout, nodes=nodes), HOSTFILE, gathered, None)
+    [bad] = [c for c in checks if not c.ok]
+    assert (bad.scope, bad.name) == ("node1 -> node2", "the venv's Python reaches it")
+    assert bad.detail == (f"10.0.0.2: errno {refused[0]} (No route to host) from the venv's Python, while "
+                          "ssh reaches it")
+    assert bad.fix.startswith(fix)
+    [good] = [c for c in checks if c.scope == "node2 -> node1" and c.name == "the venv's Python reaches it"]
+    assert good.ok
 
 
 def test_an_unreachable_node_is_named_with_the_fix_and_not_judged_further():

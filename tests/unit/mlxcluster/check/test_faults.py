@@ -98,3 +98,56 @@ def test_a_rise_in_a_nodes_out_of_memory_kills_names_it_after_a_failed_run():
     assert set(counts) == {"node1", "node2"} and all(isinstance(c, int) for c in counts.values())
     assert faults.ran_out_of_memory({"node1": 4, "node2": 7, "node3": None},
                                     {"node1": 5, "node2": 7, "node3": 9}) == ["node1"]
+
+
+STOPPED = ("iter 6/50 loss 2.0\nmpirun noticed that process rank 1 with PID 4242 on node 10.0.0.2 exited on "
+           "signal 9 (Killed).\n")  # the ranks were stopped from the controller
+
+
+def stuck(*silent: int):
+    return faults.Stuck(idle=21.0, bound=20.5, slowest=0.5, step=6, silent=silent)
+
+
+def diagnose_stuck(red=(), frozen=(), silent=()):
+    counts = {"node1": 0, "node2": 0, "node3": 0}
+    return faults.diagnose(three(), STOPPED, 137, "data", (counts, counts), frozen, never_asked,
+                           (stuck(*silent), list(red)))
+
+
+def test_a_stuck_run_with_every_rank_alive_and_every_link_green_is_a_hang_that_restarts_everywhere():
+    fault = diagnose_stuck()
+    assert (fault.cause, fault.node, fault.goes_on_everywhere, fault.goes_on_without_node) == \
+        ("hung", None, True, False)
+    assert fault.why.startswith("stuck: no rank progressed for 21 s after step 6 (the slowest step so far "
+                                "took 0.5 s; allowed 20 s); every rank was stopped on every node; hung:")
+    assert "killed by signal" not in fault.why  # the stop's signals are not the cause
+
+
+def test_a_stuck_run_whose_pair_carries_nothing_names_the_link_and_leaves_out_its_far_end():
+    red = [Check("node1 -> node2", "ssh over the cluster link", False, "10.0.0.2: timed out"),
+           Check("node2 -> node1", "ssh over the cluster link", False, "10.0.0.1: timed out")]
+    fault = diagnose_stuck(red)
+    assert (fault.cause, fault.node, fault.goes_on_without_node) == ("dead link", "node2", True)
+    assert "dead link: the link between node1 and node2 is up but carries nothing" in fault.why
+    # Between two nodes neither of which launches: the later in rank order.
+    assert faults.left_out_of_link(three(), ["node3", "node2"]) == "node3"
+
+
+def test_a_stuck_run_names_a_frozen_node_a_lost_one_or_a_silent_rank_s():
+    frozen = diagnose_stuck(frozen=["node3"])
+    assert (frozen.cause, frozen.node) == ("frozen", "node3")
+    red = [Check("node3", "interface bridge0", False, "down"),
+           Check("node1 -> node3", "ssh over the cluster link", False, "timed out")]
+    lost = diagnose_stuck(red)
+    assert (lost.cause, lost.node) == ("lost", "node3")
+    silent = diagnose_stuck(silent=(2,))
+    assert (silent.cause, silent.node) == ("lost", "node3")
+    assert "rank 2 on node3 stopped answering (its beats stopped)" in silent.why
+    assert diagnose_stuck(silent=(1, 2)).node is None  # two nodes: no single one to blame
+
+
+def test_a_launcher_that_exits_0_is_not_trusted_over_the_ranks_records():
+    fault = faults.unrecorded(three(), [1, 2], {0: 0, 1: None, 2: 3})
+    assert fault.why == ("the launcher exited 0, but rank 1 on node2 left no exit record; rank 2 on node3 "
+                         "ended with code 3: the run did not finish")
+    assert fault.node is None

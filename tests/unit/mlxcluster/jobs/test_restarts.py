@@ -10,7 +10,7 @@ import pytest
 
 from mlxcluster.check import doctor
 from mlxcluster.check.doctor import Check
-from mlxcluster.check.faults import FROZEN, KILLED, Fault, TrainFailed
+from mlxcluster.check.faults import FROZEN, HUNG, KILLED, Fault, TrainFailed
 from mlxcluster.describe import drained
 from mlxcluster.describe.cluster import Cluster, NotReady
 from mlxcluster.errors import UserError
@@ -249,3 +249,19 @@ def test_a_ring_of_eight_less_two_nodes_apart_closes_both_gaps_and_no_more():
     # Without the management addresses (the cabling as provisioned) a broken ring is refused.
     with pytest.raises(ValueError, match="needs the cables to make a ring"):
         topology.mlx_hostfile("ring", left, links, {h: h for h in left})
+
+
+def test_a_hang_restarts_the_run_on_the_same_nodes_within_the_bounds():
+    hung = Fault("stuck: ...; hung: a collective that never completed", HUNG)
+    execute, given = failing(hung)
+    said = []
+
+    def again(current, left, fault, restart):
+        said.append((fault.cause, restart))
+        return Run(left)
+
+    assert restarts.run_with_restarts(Run(four()), execute, Policy(), again) == Path("runs/x")
+    assert given == [["node1", "node2", "node3", "node4"]] * 2 and said == [("hung", 1)]
+    execute, _ = failing(hung)
+    with pytest.raises(TrainFailed, match=r"not restarted again: restarts are off"):
+        restarts.run_with_restarts(Run(four()), execute, Policy(max_restarts=0), lambda *_: pytest.fail("x"))

@@ -150,8 +150,8 @@ def test_a_single_rank_on_the_launcher_runs_without_mpirun():
     layout["nodes"][1]["slots"] = 0
     line = plan(Cluster.from_json(layout), threads=1).launch[-1]
     assert "mpirun" not in line
-    assert ("cd /opt/mlx-cluster/work && env HF_HUB_OFFLINE=1 OPENBLAS_NUM_THREADS=1 TTY_COMPATIBLE=0 "
-            "/opt/mlx-cluster/venv/bin/python -m training.finetune ") in line
+    assert ("cd /opt/mlx-cluster/work && env HF_HUB_OFFLINE=1 MLX_CLUSTER_BEATS=2.0 OPENBLAS_NUM_THREADS=1 "
+            "TTY_COMPATIBLE=0 /opt/mlx-cluster/venv/bin/python -m training.finetune ") in line
     assert line.endswith("--expected-world-size 1")
 
 
@@ -185,7 +185,8 @@ def test_invoke_run_gives_its_ranks_the_environment_training_ranks_get():
         cluster = Cluster.from_json(layout)
         trained = rank_environment(plan(cluster).launch)
         ran = rank_environment(everywhere.plan(cluster, ["hostname"]).command)
-        assert trained <= ran  # and invoke run's own rendezvous (test_everywhere.py)
+        # and invoke run's own rendezvous (test_everywhere.py); a training rank's beats are its own
+        assert trained - {"MLX_CLUSTER_BEATS=2.0"} <= ran
         assert {"HF_HUB_OFFLINE=1", "TTY_COMPATIBLE=0"} <= ran
     assert "OPENBLAS_NUM_THREADS=1" in ran  # two ranks share each node's cores
 
