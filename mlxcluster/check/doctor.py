@@ -358,6 +358,10 @@ def _macs(cluster: Cluster, nodes: Sequence[Node], facts: Facts) -> list[Check]:
     return checks
 
 
+GPU_WIRED_FIX = ("raise the GPU's wired limit (macos_gpu_wired_limit_mb in the inventory, which sets "
+                 "iogpu.wired_limit_mb: invoke provision), leaving macOS a few GB; or ")
+
+
 def _room(nodes: Sequence[Node], facts: Facts, need: room.Need | None) -> list[Check]:
     """Free memory (for what each node's ranks hold) and free disk (for the model folder)."""
     checks: list[Check] = []
@@ -368,10 +372,15 @@ def _room(nodes: Sequence[Node], facts: Facts, need: room.Need | None) -> list[C
         if free is not None and node.name in need.memory:
             want = need.memory[node.name]
             ok = free >= want
+            memory = facts[node.name]["memory"]
+            # On a Mac the GPU may wire less than is free (Metal's recommended working set): then
+            # that is the bound, and raising it the first fix.
+            wired = memory.get("gpu_limit") == free and (memory.get("available") or 0) > free
             checks.append(Check(node.name, "free memory", ok,
-                                f"{_size(free)} free, need ~{_size(want)} for "
+                                (f"{_size(free)} the GPU may wire ({_size(memory['available'])} free)"
+                                 if wired else f"{_size(free)} free") + f", need ~{_size(want)} for "
                                 f"{need.held[node.name]}",
-                                "" if ok else need.fix))
+                                "" if ok else (GPU_WIRED_FIX + need.fix if wired else need.fix)))
         if disk is not None:
             ok = disk >= need.disk
             checks.append(Check(node.name, "free disk", ok,

@@ -344,7 +344,7 @@ def execute(plan: Plan) -> Path:
     """Sync, launch on every slot, bring the results back: runs/<id>. Raises TrainFailed when
     training fails (what arrived is still kept in runs/<id>), Interrupted on Ctrl-C or SIGTERM."""
     synced = time.perf_counter()
-    sync.run_steps(plan.steps)
+    sync.run_steps(plan.steps, in_waves=True)  # each node's copies at once
     ranks = f"{plan.cluster.world_size} rank{'s' if plan.cluster.world_size > 1 else ''}"
     how = "one process, no launcher" if plan.backend == "direct" else plan.backend
     for line in plan.notices:

@@ -17,6 +17,7 @@ import re
 import shlex
 import subprocess
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,9 @@ from mlxcluster.paths import PLAIN_NAME, REPO, TRAINING_CODE
 CODE_EXCLUDES = ("__pycache__", "*.pyc", "data/make_pirate.py")
 
 Step = tuple[str, list[str]]
+# Not a copy: in waves (run_steps), the steps after it wait for every step before it. Between the
+# model's copy to the launcher and its copies from there, and before the checks of the copies.
+WAIT: Step = ("wait for the copies before", [])
 
 
 class SyncError(UserError):
@@ -235,22 +239,48 @@ def model_steps(cluster: Cluster, model: Shipment, path: str, *, installed: bool
     head = cluster.head
     steps: list[Step] = []
     if not installed:
-        steps.append((f"copy the model to {head.name}", send(model, head, path)))
+        steps += [(f"copy the model to {head.name}", send(model, head, path)), WAIT]
         steps += fan_out(cluster, model, path)
-    return [*steps, *((f"verify the model's checksums on {node.name}", verify_model(node, path))
-                      for node in cluster.training_nodes)]
+    # A check runs the training code (synced with the steps before) on the node's copy.
+    return [*steps, WAIT, *((f"verify the model's checksums on {node.name}", verify_model(node, path))
+                            for node in cluster.training_nodes)]
 
 
-def run_steps(steps: list[Step], *, dry_run: bool = False) -> None:
-    """Run each step, announcing it; with dry_run print the commands instead."""
-    for label, cmd in steps:
+def waves(steps: list[Step]) -> list[list[Step]]:
+    """The steps between one WAIT and the next, each group in order (none empty)."""
+    grouped: list[list[Step]] = [[]]
+    for step in steps:
+        if step == WAIT:
+            grouped.append([])
+        else:
+            grouped[-1].append(step)
+    return [wave for wave in grouped if wave]
+
+
+def run_steps(steps: list[Step], *, dry_run: bool = False, in_waves: bool = False) -> None:
+    """Run each step, announcing it, one after the other; `in_waves`: the steps between two WAITs
+    at once (each node's copies, which go to different nodes, or from the launcher to each), the
+    first failure raised once its wave is over. With dry_run print the commands instead."""
+    for wave in waves(steps) if in_waves else [[step] for step in steps if step != WAIT]:
         if dry_run:
-            print(f"# {label}\n{shlex.join(cmd)}", flush=True)
+            for label, cmd in wave:
+                print(f"# {label}\n{shlex.join(cmd)}", flush=True)
             continue
-        print(f"==> {label}", flush=True)
-        if cmd[0] == "rsync" and ":" not in cmd[-1]:
-            # To a local node: rsync's --rsync-path (which makes the destination) is not used.
-            Path(cmd[-1]).mkdir(parents=True, exist_ok=True)
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise SyncError(f"{label} failed ({proc.returncode}):\n{proc.stderr.strip()[-3000:]}")
+        for label, _ in wave:
+            print(f"==> {label}", flush=True)
+        with ThreadPoolExecutor(max_workers=len(wave)) as pool:
+            failed = [problem for problem in pool.map(_run_step, wave) if problem]
+        if failed:
+            raise SyncError("\n".join(failed))
+
+
+def _run_step(step: Step) -> str:
+    """Run one step: "" when it succeeded, else what failed and rsync's (or ssh's) words."""
+    label, cmd = step
+    if cmd[0] == "rsync" and ":" not in cmd[-1]:
+        # To a local node: rsync's --rsync-path (which makes the destination) is not used.
+        Path(cmd[-1]).mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        return f"{label} failed ({proc.returncode}):\n{proc.stderr.strip()[-3000:]}"
+    return ""

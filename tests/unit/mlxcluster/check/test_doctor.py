@@ -149,6 +149,21 @@ def test_hostfile_drift_memory_and_disk():
     assert {(c.scope, c.name) for c in failures(gathered, None)} == {("node1", "hostfile")}
 
 
+def test_a_mac_whose_gpu_may_wire_less_than_the_run_holds_is_told_to_raise_the_wired_limit():
+    gathered = healthy()
+    # 8 GiB free, but Metal's recommended working set (what mx.metal.device_info() says) is 1 GiB.
+    gathered["nodes"]["node2"]["memory"]["gpu_limit"] = 2**30
+    [bad] = failures(gathered, model_bytes=2**30)  # a rank holds more than its 1 GiB of weights
+    assert (bad.scope, bad.name) == ("node2", "free memory")
+    assert bad.detail.startswith("1.0 GiB the GPU may wire (8.0 GiB free), need ~")
+    assert bad.fix.startswith("raise the GPU's wired limit (macos_gpu_wired_limit_mb in the inventory")
+    # The same shortfall from free memory alone says nothing of the GPU.
+    gathered = healthy()
+    gathered["nodes"]["node2"]["memory"]["available"] = 2**30
+    [bad] = failures(gathered, model_bytes=2**30)
+    assert bad.detail.startswith("1.0 GiB free, need ~") and "wired" not in bad.fix
+
+
 def test_mpi_jobs_must_see_every_slot():
     gathered = healthy()
     gathered["jobs"]["hostname"] = (0, "node1\nnode1\n")

@@ -18,7 +18,7 @@ from mlxcluster.errors import UserError
 from mlxcluster.jobs import everywhere
 from mlxcluster.jobs import train as training
 from mlxcluster.jobs.request import Options, Request, resumed
-from mlxcluster.launch import builder
+from mlxcluster.launch import builder, sync
 from tests.unit import fake_inputs
 
 REPO = Path(__file__).resolve().parents[4]
@@ -52,12 +52,14 @@ def test_plan_syncs_code_and_data_everywhere_and_fans_the_model_out_over_the_lin
     the_plan = plan(Cluster.from_json(lab_layout()), data="/d/pirate", model="/m/tiny",
                     overrides=("--iters", "5"))
     steps, launch_cmd = the_plan.steps, the_plan.launch
-    labels = [label for label, _ in steps]
-    assert labels == ["sync code to node1", "sync data to node1", "sync code to node2",
-                      "sync data to node2", "copy the model to node1",
-                      "copy the model from node1 to node2 over the cluster link",
-                      "verify the model's checksums on node1", "verify the model's checksums on node2"]
-    fan = shlex.join(steps[5][1])
+    # In waves: every node's code and data and the model to the launcher at once, then the model
+    # from there, then every copy checked.
+    assert [[label for label, _ in wave] for wave in sync.waves(steps)] == [
+        ["sync code to node1", "sync data to node1", "sync code to node2", "sync data to node2",
+         "copy the model to node1"],
+        ["copy the model from node1 to node2 over the cluster link"],
+        ["verify the model's checksums on node1", "verify the model's checksums on node2"]]
+    fan = shlex.join(sync.waves(steps)[1][0][1])
     assert "root@10.77.5.11" in fan and "10.78.5.12:/opt/mlx-cluster/models/tiny/" in fan
     line = launch_cmd[-1]
     assert launch_cmd[:3] == ["ssh", "-o", "BatchMode=yes"]

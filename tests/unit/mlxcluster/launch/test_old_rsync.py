@@ -85,7 +85,7 @@ def test_every_copy_of_a_plan_lands_where_planned_with_old_rsync(tmp_path, old_r
     request = Request(inputs / "pirate", inputs / "tiny-model", inputs / "my.yaml",
                       interactive=False)
     the_plan = training.plan(Cluster.from_json(node_layout(root)), request, run_id="r1", resume=True)
-    copies = [cmd for label, cmd in the_plan.steps if not label.startswith("verify")]
+    copies = [cmd for label, cmd in the_plan.steps if not label.startswith("verify") and cmd]
     assert len(copies) == 5  # code, data, config, the model, the checkpoints
     for cmd in copies:
         subprocess.run(cmd, env=old_rsync, check=True, capture_output=True)
