@@ -138,6 +138,23 @@ def left_out_of_link(cluster: Cluster, ends: Sequence[str]) -> str:
                key=lambda e: order.index(e) if e in order else -1, default=ends[-1])
 
 
+def by_checks(cluster: Cluster, why: str, red: Sequence[Check]) -> Fault | None:
+    """The fault the red node checks name after `why`: a node they point at (lost), or a pair of
+    nodes whose link fails while both their own checks pass (a dead link: up, carrying nothing);
+    None when they are all green."""
+    if node := blamed(cluster, red):
+        return Fault(f"{why}; {lost_line(node, red)}", LOST, node)
+    if (pairs := [c for c in red if len(c.nodes) == 2]) and len(pairs) == len(red):
+        ends = pairs[0].nodes
+        return Fault(f"{why}; dead link: the link between {ends[0]} and {ends[1]} is up but carries "
+                     f"nothing ({pairs[0].name}: {pairs[0].detail}); look at that cable and its ports "
+                     "(reseat it, or try another), then invoke doctor", DEAD_LINK,
+                     left_out_of_link(cluster, ends))
+    if red:
+        return Fault(why + "; the nodes now: " + "; ".join(f"{c.scope}: {c.name}: {c.detail}" for c in red))
+    return None
+
+
 def stuck_fault(cluster: Cluster, stuck: Stuck, frozen: Sequence[str], red: Sequence[Check]) -> Fault:
     """Why a run its beats said was stuck stopped: a frozen rank, a node or a link its checks (made
     at that moment) name, ranks whose beats had stopped, or (every rank alive, every link
@@ -145,16 +162,8 @@ def stuck_fault(cluster: Cluster, stuck: Stuck, frozen: Sequence[str], red: Sequ
     head = f"stuck: {stuck.line()}; every rank was stopped on every node"
     if frozen:
         return Fault(f"{head}; {frozen_line(frozen)}", FROZEN, frozen[0])
-    if node := blamed(cluster, red):
-        return Fault(f"{head}; {lost_line(node, red)}", LOST, node)
-    if pairs := [c for c in red if len(c.nodes) == 2]:
-        ends = pairs[0].nodes
-        return Fault(f"{head}; dead link: the link between {ends[0]} and {ends[1]} is up but carries "
-                     f"nothing ({pairs[0].name}: {pairs[0].detail}); look at that cable and its ports "
-                     "(reseat it, or try another), then invoke doctor", DEAD_LINK,
-                     left_out_of_link(cluster, ends))
-    if red:
-        return Fault(head + "; the nodes now: " + "; ".join(f"{c.scope}: {c.name}: {c.detail}" for c in red))
+    if named := by_checks(cluster, head, red):
+        return named
     silent = sorted({cluster.node_of_rank(rank) for rank in stuck.silent})
     if len(silent) == 1:
         ranks = ", ".join(map(str, stuck.silent))
@@ -202,9 +211,5 @@ def diagnose(cluster: Cluster, output: str, code: int | None, parallel: str,
         return Fault(f"{why}; {frozen_line(frozen)}", FROZEN, frozen[0])
     if STALL_MESSAGE.decode() in output or not builder.rank_error(output):
         # A stall, or a launcher that lost a node: a node or link gone; the node checks name it.
-        red = red_checks()
-        if node := blamed(cluster, red):
-            return Fault(f"{why}; {lost_line(node, red)}", LOST, node)
-        return Fault(why + "; the nodes now: " + ("; ".join(f"{c.scope}: {c.name}: {c.detail}" for c in red)
-                                                  if red else "all checks green"))
+        return by_checks(cluster, why, red_checks()) or Fault(f"{why}; the nodes now: all checks green")
     return Fault(why)

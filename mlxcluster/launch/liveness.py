@@ -136,12 +136,14 @@ class Liveness:
             self.ranks[rank] = Rank(now, progress, now, step, step, phase)
             return
         known.heard_at = now
-        if phase != known.phase:  # a save began or ended: its length says nothing of a step's
-            known.phase, known.progressed_at = phase, now
         if progress != known.progress:
-            if step >= known.first_step + 2 and phase == "train":
+            # Steps since a beat of training (steps quicker than the beats may first show in the
+            # beat that starts a save); not since a save's.
+            if step >= known.first_step + 2 and known.phase == "train":
                 self.slowest = max(self.slowest, now - known.progressed_at)
             known.progress, known.progressed_at, known.step = progress, now, step
+        if phase != known.phase:  # a save began or ended: its length says nothing of a step's
+            known.phase, known.progressed_at = phase, now
 
     # --- judging ----------------------------------------------------------------------------------
 

@@ -434,26 +434,6 @@ def test_a_rank_killed_mid_run_stops_every_rank_and_is_named(provisioned, tiny_i
     print(f"rank killed -> invoke train returned in {stopped:.1f} s")
 
 
-def test_a_frozen_rank_is_named_with_its_node_and_nothing_is_left(provisioned, tiny_inputs):
-    """SIGSTOP on node2's rank: the other rank waits for it until the controller calls the run stuck
-    (a stall_timeout of 8 s: 8 s past its slowest step), and, asking every node then, names node2's
-    frozen rank."""
-    with training_under_way(provisioned, tiny_inputs, "--stall-timeout 8") as train:
-        frozen = finetune_pids(provisioned, 2)
-        assert frozen, "no training process on node2"
-        try:
-            for pid in frozen:
-                os.kill(pid, signal.SIGSTOP)
-            _, stderr = train.communicate(timeout=240)
-            assert train.returncode != 0
-            assert "frozen: a rank's process on node2 was stopped" in stderr, stderr[-3000:]
-            wait_until_gone(finetune_pids, provisioned, timeout=20)  # the launcher's teardown ended it
-        finally:
-            for pid in frozen:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-
-
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_ctrl_c_or_sigterm_on_the_controller_stops_every_rank(provisioned, tiny_inputs, stop):
     """Without a tty (output piped), ssh hangs nothing up: invoke train stops the run itself, on
@@ -672,27 +652,6 @@ def test_a_hang_and_a_link_that_carries_nothing_are_each_named_within_the_bound_
     finally:
         (build / "drained.json").unlink(missing_ok=True)
         shutil.rmtree(run, ignore_errors=True)
-
-
-def test_a_node_dropping_off_the_link_stops_the_run_and_is_named(provisioned, tiny_inputs):
-    """A partition, not a crash: node2 keeps running but its cluster link goes down. The ranks
-    stop progressing, the controller stops every rank, and the node checks name node2."""
-    with training_under_way(provisioned, tiny_inputs) as train:
-        hosts.set_link(provisioned.lab, 2, up=False)
-        try:
-            cut = time.perf_counter()
-            _, stderr = train.communicate(timeout=240)
-            stopped = time.perf_counter() - cut
-            ranks_left = [finetune_pids(provisioned, n) for n in (1, 2)]
-        finally:
-            hosts.set_link(provisioned.lab, 2, up=True)
-    assert train.returncode != 0
-    # Every rank alive and none progressing: the controller's verdict, before the ranks' own.
-    assert re.search(r"stuck: no rank progressed for \d+ s after step \d+", stderr), stderr[-3000:]
-    assert "lost: node2 dropped off the cluster (interface bridge0: down" in stderr, stderr[-3000:]
-    assert "not restarted without node2: restarts are off" in stderr
-    assert ranks_left == [[], []]
-    print(f"node2 unplugged -> invoke train returned in {stopped:.1f} s")
 
 
 def test_auto_shares_are_the_ones_a_slower_node_s_calibration_gives(provisioned, tiny_inputs, tmp_path):

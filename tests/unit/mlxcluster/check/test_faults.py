@@ -74,13 +74,20 @@ def test_a_node_gone_altogether_is_lost_too():
 
 @pytest.mark.parametrize("red", [
     [],  # all green: nobody to blame
-    [Check("node1 -> node2", "ssh over the cluster link", False, "x"),
-     Check("node2 -> node1", "ssh over the cluster link", False, "x")],  # a tie between two
+    [Check("node2", "interface bridge0", False, "down"),
+     Check("node3", "interface bridge0", False, "down")],  # a tie between two nodes
 ])
 def test_a_stall_that_no_single_node_explains_stops_the_run(red):
     fault = diagnose(STALLED, 1, red=lambda: red)
     assert fault.node is None and not fault.goes_on_without_node
     assert "the nodes now: " in fault.why
+
+
+def test_a_stall_whose_pair_fails_both_ways_while_both_nodes_are_well_is_a_dead_link():
+    red = [Check("node1 -> node2", "ssh over the cluster link", False, "x"),
+           Check("node2 -> node1", "ssh over the cluster link", False, "x")]
+    fault = diagnose(STALLED, 1, red=lambda: red)
+    assert (fault.cause, fault.node) == ("dead link", "node2")
 
 
 def test_a_rank_s_own_error_is_the_run_s_and_asks_no_node():

@@ -169,3 +169,15 @@ def test_the_end_of_a_run_is_not_a_hang_but_a_rank_that_never_ends_is():
     clock.now += 2
     stuck = seen.verdict()  # rank 1 never ended
     assert stuck is not None and stuck.bound == 100 and stuck.silent == (1,)
+
+
+def test_steps_quicker_than_the_beats_set_the_pace_even_when_a_save_s_beat_shows_them_first():
+    seen, clock = run_of(margin=15, first_bound=500)
+    seen.take(beat(0, 0, 10) + beat(1, 0, 10))  # resumed at step 10
+    clock.now += 2
+    seen.take(beat(0, 10, 20, phase="save") + beat(1, 10, 20))  # ten steps within one beat
+    clock.now += 1
+    seen.take(beat(0, 10, 20))  # the save is over; then nothing progresses any more
+    assert seen.slowest == 2.0 and seen.bound() == 17.0
+    clock.now += 18
+    assert seen.verdict() is not None
