@@ -159,7 +159,6 @@ TESTED_THROUGH = {
     "mlxcluster/launch/parallel.py": "mlxcluster/check/doctor.py",
     "mlxcluster/launch/relay.py": "tests/unit/mlxcluster/launch/test_runs.py",
     "mlxcluster/launch/remote.py": "tests/unit/mlxcluster/launch/test_builder.py",
-    "mlxcluster/launch/sync.py": "mlxcluster/jobs/everywhere.py",
     "mlxcluster/jobs/request.py": "mlxcluster/jobs/train.py",
     "mlxcluster/plan/job.py": "tests/unit/mlxcluster/plan/test_memory.py",
     "mlxcluster/lab/__main__.py": "mlxcluster/lab/hosts.py",
