@@ -143,7 +143,13 @@ def by_checks(cluster: Cluster, why: str, red: Sequence[Check]) -> Fault | None:
     nodes whose link fails while both their own checks pass (a dead link: up, carrying nothing);
     None when they are all green."""
     if node := blamed(cluster, red):
-        return Fault(f"{why}; {lost_line(node, red)}", LOST, node)
+        if any(c.nodes == [node] for c in red):  # its own checks fail: its link down, or it is gone
+            return Fault(f"{why}; {lost_line(node, red)}", LOST, node)
+        # Only its pairs fail, its interface up: its cable (on a bridge, its one) carries nothing.
+        pairs = [c for c in red if node in c.nodes]
+        return Fault(f"{why}; dead link: {node}'s cluster link is up but carries nothing ({len(pairs)} "
+                     f"pairs with it fail: {pairs[0].name}: {pairs[0].detail}); look at its cable and "
+                     "ports (reseat it, or try another), then invoke doctor", DEAD_LINK, node)
     if (pairs := [c for c in red if len(c.nodes) == 2]) and len(pairs) == len(red):
         ends = pairs[0].nodes
         return Fault(f"{why}; dead link: the link between {ends[0]} and {ends[1]} is up but carries "

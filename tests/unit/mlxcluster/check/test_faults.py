@@ -158,3 +158,14 @@ def test_a_launcher_that_exits_0_is_not_trusted_over_the_ranks_records():
     assert fault.why == ("the launcher exited 0, but rank 1 on node2 left no exit record; rank 2 on node3 "
                          "ended with code 3: the run did not finish")
     assert fault.node is None
+
+
+def test_a_node_whose_every_pair_fails_while_its_own_checks_pass_has_a_dead_link():
+    # node3's one link to the bridge carries nothing: every pair with it fails, its interface is up.
+    red = [Check("node1 -> node3", "ssh over the cluster link", False, "10.0.0.3: timed out"),
+           Check("node2 -> node3", "ssh over the cluster link", False, "10.0.0.3: timed out"),
+           Check("node3 -> node1", "ssh over the cluster link", False, "10.0.0.1: timed out"),
+           Check("node3 -> node2", "ssh over the cluster link", False, "10.0.0.2: timed out")]
+    fault = diagnose_stuck(red)
+    assert (fault.cause, fault.node, fault.goes_on_without_node) == ("dead link", "node3", True)
+    assert "dead link: node3's cluster link is up but carries nothing (4 pairs with it fail" in fault.why
